@@ -1,0 +1,369 @@
+"""`StreamExecutor`: runs one program state's expressions, in order, on its own worker thread.
+
+`s += expr` only enqueues (`submit`), so the program keeps going while the model works; reading
+a variable (`get_var`) blocks until the expression that sets it has run. Forks are new executors
+that start from a copy of this one's text, messages and variables.
+
+Threading and ownership:
+- The worker thread is the only writer of the text, spans, messages, variables and meta info
+  (except `set_var`), always under `self._cond`'s lock; other threads read them under the lock.
+  Role bookkeeping (`_cur_role`, scope positions) is touched by the worker only.
+- `self._cond` is notified on every change (text grows, variable set, finished), which is what
+  streaming (`text_iter`) and the live notebook view wait on; `_version` counts the changes.
+- After an error the worker stops, records it, and releases every waiter; later submits are
+  dropped (their variables become "ready" and reading them raises the program's error).
+- `end()` enqueues a sentinel: the worker exits after the work already queued.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+import queue
+import threading
+import uuid
+from typing import Any
+
+from radixlm.interpreter.backend import Backend
+from radixlm.interpreter.spans import Span, SubmitSite, program_error
+from radixlm.lang.errors import LangError, ProgramError
+from radixlm.lang.ir import (
+    CommitLazy,
+    ConcatAndAppend,
+    ConstantText,
+    Expr,
+    Gen,
+    RoleBegin,
+    RoleEnd,
+    Select,
+    Variable,
+    VarScopeBegin,
+    VarScopeEnd,
+    variable_name,
+    walk,
+)
+from radixlm.lang.sampling import SamplingParams
+
+_END = object()
+_ids = itertools.count()
+
+
+class StreamExecutor:
+    """Executes the expressions of one program state; see the module docstring for the rules."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        default_params: SamplingParams,
+        *,
+        stream: bool = False,
+        program_name: str = "program",
+    ) -> None:
+        self.sid = uuid.uuid4().hex
+        self.backend = backend
+        self.default_params = default_params
+        self.stream = stream
+        self.program_name = program_name
+        self.chat_template = backend.chat_template
+
+        self._cond = threading.Condition()
+        self.text_ = ""
+        self.spans: list[Span] = []
+        self.messages_: list[dict[str, str]] = []
+        self.variables: dict[str, Any] = {}
+        self.meta_info: dict[str, Any] = {}
+        self.variable_event: dict[str, threading.Event] = {}
+        self.error_: BaseException | None = None
+        self._program_error: ProgramError | None = None
+        self.finished = False
+        self._version = 0
+        self._pending = 0
+        self._dead = False
+        self._ended = False
+        self._children: list[StreamExecutor] = []
+
+        self._cur_role: str | None = None
+        self._cur_role_begin_pos = 0
+        self._scope_start: dict[str, int] = {}
+        self.fork_start_text_pos = 0
+
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        ctx = contextvars.copy_context()
+        self._worker = threading.Thread(
+            target=ctx.run, args=(self._work,), name=f"radixlm-exec-{next(_ids)}", daemon=True
+        )
+        self._worker.start()
+
+    # ---- called from the program's thread -------------------------------------------------
+
+    def submit(self, expr: Expr, site: SubmitSite | None = None) -> None:
+        names = [n for n in map(variable_name, walk(expr)) if n is not None]
+        with self._cond:
+            if self._ended:
+                raise LangError(
+                    f"program {self.program_name!r} has finished; its state is read-only"
+                )
+            for name in names:
+                self.variable_event[name] = threading.Event()
+            if self._dead:  # the worker stopped on an error: nothing will run, release readers
+                for name in names:
+                    self.variable_event[name].set()
+                return
+            self._pending += 1
+        self._queue.put((expr, site))
+
+    def end(self) -> None:
+        """No more expressions: the worker exits after the queued ones (idempotent)."""
+        with self._cond:
+            if self._ended:
+                return
+            self._ended = True
+            children = list(self._children)
+        self._queue.put(_END)
+        for child in children:
+            child.end()
+
+    def sync(self) -> None:
+        """Wait until every submitted expression has run (or the executor failed)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._pending == 0 or self._dead)
+
+    def get_var(self, name: str) -> Any:
+        event = self.variable_event.get(name)
+        if event is not None:
+            event.wait()
+        with self._cond:
+            if name in self.variables:
+                return self.variables[name]
+        self.raise_if_failed()
+        raise KeyError(f"program {self.program_name!r} has no variable {name!r}")
+
+    def set_var(self, name: str, value: Any) -> None:
+        with self._cond:
+            self.variables[name] = value
+            self._changed()
+
+    def get_meta_info(self, name: str, timeout: float | None = None) -> Any:
+        event = self.variable_event.get(name)
+        if event is not None and not event.wait(timeout):
+            raise TimeoutError(f"timed out waiting for variable {name!r}")
+        with self._cond:
+            return self.meta_info.get(name)
+
+    def fork(self, size: int) -> list[StreamExecutor]:
+        size = int(size)
+        if size < 1:
+            raise ValueError(f"fork size must be >= 1, got {size}")
+        if size > 1:
+            # Put the shared prefix in the runtime's cache once, before the forks race to it.
+            # NOTE: submitted unconditionally: `self.text_` may still be growing on the worker.
+            self.submit(CommitLazy())
+        self.sync()
+        self.raise_if_failed()
+        children = []
+        for _ in range(size):
+            child = StreamExecutor(
+                self.backend,
+                self.default_params,
+                stream=self.stream,
+                program_name=self.program_name,
+            )
+            with self._cond:
+                child.text_ = self.text_
+                child.spans = list(self.spans)
+                child.messages_ = list(self.messages_)
+                child.variables = dict(self.variables)
+                child.meta_info = dict(self.meta_info)
+            child._cur_role = self._cur_role
+            child._cur_role_begin_pos = self._cur_role_begin_pos
+            child.fork_start_text_pos = len(child.text_)
+            children.append(child)
+        with self._cond:
+            self._children.extend(children)
+        return children
+
+    def record_program_exception(self, exc: BaseException) -> None:
+        """The program's own code raised: remember it as the state's error."""
+        with self._cond:
+            if self.error_ is None:
+                self.error_ = exc
+            self._changed()
+
+    def error(self) -> BaseException | None:
+        self.sync()
+        return self.error_
+
+    def program_error(self) -> BaseException | None:
+        """The error to raise for this state: the program's own exception, or a ProgramError."""
+        with self._cond:
+            if self._program_error is not None:
+                return self._program_error
+            return self.error_
+
+    def raise_if_failed(self) -> None:
+        err = self.program_error()
+        if err is not None:
+            raise err
+
+    def snapshot(self) -> tuple[list[Span], BaseException | None, bool, int]:
+        """(spans, error, finished, version), consistent with each other."""
+        with self._cond:
+            return list(self.spans), self.error_, self.finished, self._version
+
+    def wait_change(self, version: int, timeout: float | None = None) -> int:
+        """Block until the state changed after `version` (or finished); return the new version."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._version != version or self.finished, timeout)
+            return self._version
+
+    # ---- the worker thread ----------------------------------------------------------------
+
+    def _changed(self) -> None:  # caller holds self._cond
+        self._version += 1
+        self._cond.notify_all()
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _END:
+                break
+            expr, site = item
+            try:
+                for node in walk(expr):
+                    self._execute(node)
+            except BaseException as e:  # recorded; surfaces where the state is read
+                self._fail(e, expr, site)
+                break
+            with self._cond:
+                self._pending -= 1
+                self._changed()
+        with self._cond:
+            self.finished = True
+            self._changed()
+
+    def _fail(self, exc: BaseException, expr: Expr, site: SubmitSite | None) -> None:
+        what = _describe(expr)
+        with self._cond:
+            self._dead = True
+            if self.error_ is None:
+                self.error_ = exc
+                self._program_error = program_error(self.program_name, what, site, exc)
+            events = list(self.variable_event.values())
+            self._changed()
+        for event in events:
+            event.set()
+
+    def _execute(self, node: Expr) -> None:
+        if isinstance(node, ConstantText):
+            self._fill(node.value, "text")
+        elif isinstance(node, Gen):
+            self._gen(node)
+        elif isinstance(node, Select):
+            decision = self.backend.select(
+                self.text_, node.choices, node.temperature, node.choices_method
+            )
+            self._fill(decision.decision, "select", node.name)
+            self._set_result(node.name, decision.decision, decision.meta_info)
+        elif isinstance(node, RoleBegin):
+            self._role_begin(node.role)
+        elif isinstance(node, RoleEnd):
+            self._role_end(node.role)
+        elif isinstance(node, Variable):
+            self._fill(str(self.get_var(node.name)), "text")
+        elif isinstance(node, VarScopeBegin):
+            self._scope_start[node.name] = len(self.text_)
+        elif isinstance(node, VarScopeEnd):
+            start = self._scope_start.pop(node.name)
+            self._set_result(node.name, self.text_[start:], None)
+        elif isinstance(node, CommitLazy):
+            if self.text_:
+                self.backend.cache_prefix(self.text_)
+        elif isinstance(node, ConcatAndAppend):
+            pieces = []
+            for state in node.states:
+                child: StreamExecutor = state.executor
+                child.sync()
+                child.raise_if_failed()
+                pieces.append(child.text_[child.fork_start_text_pos :])
+            self._fill("".join(pieces), "text")
+        else:
+            raise TypeError(f"unknown expression {node!r}")
+
+    def _fill(self, value: str, kind: str, name: str | None = None) -> None:
+        with self._cond:
+            self.text_ += value
+            last = self.spans[-1] if self.spans else None
+            if (
+                kind == "text"
+                and last is not None
+                and last.kind == "text"
+                and last.role == self._cur_role
+            ):
+                self.spans[-1] = last.extend(value)
+            elif value or kind in ("gen", "select"):
+                self.spans.append(Span(kind, value, self._cur_role, name))
+            self._changed()
+
+    def _set_result(self, name: str | None, value: Any, meta: Any) -> None:
+        if name is None:
+            return
+        with self._cond:
+            self.variables[name] = value
+            self.meta_info[name] = meta
+            self._changed()
+        self.variable_event[name].set()
+
+    def _gen(self, node: Gen) -> None:
+        params = self.default_params.merge(node.params).with_extra_stop(self.chat_template.stop_str)
+        if not self.stream:
+            text, meta = self.backend.generate(self.text_, params)
+            self._fill(text, "gen", node.name)
+            self._set_result(node.name, text, meta)
+            return
+        self._fill("", "gen", node.name)
+        value, meta = "", None
+        for delta, meta in self.backend.generate_stream(self.text_, params):
+            value += delta
+            with self._cond:
+                self.text_ += delta
+                self.spans[-1] = self.spans[-1].extend(delta)
+                if node.name is not None:
+                    self.variables[node.name] = value
+                    self.meta_info[node.name] = meta
+                self._changed()
+        self._set_result(node.name, value, meta)
+
+    def _role_begin(self, role: str) -> None:
+        if self._cur_role is not None:
+            raise LangError(f"cannot open a {role!r} message inside a {self._cur_role!r} message")
+        default = self.chat_template.default_system_prompt
+        if not self.messages_ and role != "system" and default is not None:
+            self._role_begin("system")
+            self._fill(default, "text")
+            self._role_end("system")
+        prefix, _ = self.chat_template.get_prefix_and_suffix(role)
+        self._cur_role = role
+        self._fill(prefix, "role_begin")
+        self._cur_role_begin_pos = len(self.text_)
+
+    def _role_end(self, role: str) -> None:
+        if self._cur_role != role:
+            raise LangError(
+                f"{role}_end() without a matching {role}_begin() (open: {self._cur_role})"
+            )
+        content = self.text_[self._cur_role_begin_pos :].lstrip()
+        _, suffix = self.chat_template.get_prefix_and_suffix(role)
+        self._fill(suffix, "role_end")
+        self._cur_role = None
+        with self._cond:
+            self.messages_.append({"role": role, "content": content})
+            self._changed()
+
+
+def _describe(expr: Expr) -> str:
+    for node in walk(expr):
+        if isinstance(node, Gen):
+            return f"gen({node.name!r})" if node.name else "gen()"
+        if isinstance(node, Select):
+            return f"select({node.name!r})" if node.name else "select()"
+    return type(expr).__name__

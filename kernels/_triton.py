@@ -1,0 +1,111 @@
+"""Guarded Triton import shared by every kernel module.
+
+`import radixlm.kernels.<x>` must work where Triton is missing (the torch references are used on
+CPU by the runtime), so kernel modules never import triton directly; they import `triton`, `tl`
+and `jit` from here. Without Triton, `jit` turns a kernel into a stub that raises on launch and
+`HAS_TRITON` is False.
+
+# NOTE: kernel modules use `from __future__ import annotations`, so `BLOCK: tl.constexpr`
+# annotations stay strings (Triton parses them) and are never evaluated when `tl` is None.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Hashable
+from typing import Any
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # pragma: no cover - exercised only where triton is absent
+    triton = None
+    tl = None
+    HAS_TRITON = False
+
+
+class _MissingTritonKernel:
+    """Stands in for a `@triton.jit` kernel when Triton is not installed."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.__name__ = getattr(fn, "__name__", "kernel")
+
+    def __getitem__(self, grid: Any) -> Callable[..., Any]:
+        raise RuntimeError(f"Triton is not installed: cannot launch {self.__name__}")
+
+
+def jit(fn: Callable[..., Any]) -> Any:
+    """`triton.jit` when Triton is importable, else a stub that raises on launch."""
+    if HAS_TRITON:
+        return triton.jit(fn)
+    return _MissingTritonKernel(fn)
+
+
+def interpreting() -> bool:
+    """True when kernels run in Triton's CPU interpreter (`TRITON_INTERPRET=1`)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def require_triton() -> None:
+    if not HAS_TRITON:
+        raise RuntimeError("Triton is not installed; use the *_ref torch functions instead")
+
+
+_FELL_BACK: set[Hashable] = set()
+
+
+def launch_with_fallback(
+    key: Hashable, launch: Callable[[Any], None], config: Any, fallback: Any
+) -> None:
+    """`launch(config)`; if the GPU lacks shared memory for it, use `fallback` from then on.
+
+    # NOTE: tuned configs are chosen per (head_dim, dtype) but an untested combination could
+    # still exceed shared memory; Triton raises OutOfResources at the first launch (eager warm-up,
+    # before any CUDA-graph capture), and every later launch with the same `key` skips straight
+    # to the fallback.
+    """
+    if key in _FELL_BACK:
+        config = fallback
+    try:
+        launch(config)
+    except Exception as exc:
+        if type(exc).__name__ != "OutOfResources" or config == fallback:
+            raise
+        _FELL_BACK.add(key)
+        launch(fallback)
+
+
+def next_power_of_2(n: int) -> int:
+    """Smallest power of two >= n (n >= 1); pure python so heuristics work without Triton."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@jit
+def mma(a, b, PREC: tl.constexpr, UPCAST: tl.constexpr):
+    """`tl.dot(a, b)` with fp32 accumulation.
+
+    # NOTE: Triton's CPU interpreter computes bf16 dots on the raw uint16 bits (garbage), so
+    # kernels pass UPCAST=True there (see `dot_flags`) to multiply in fp32 instead.
+    """
+    if UPCAST:
+        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, input_precision=PREC)
+    return acc
+
+
+def dot_flags(dtype: object) -> dict[str, object]:
+    """Constexpr kwargs (PREC, UPCAST) for `mma` given the operand torch dtype."""
+    import torch
+
+    is_fp32 = dtype == torch.float32
+    return {
+        "PREC": "ieee" if is_fp32 else "tf32",
+        "UPCAST": interpreting() and dtype == torch.bfloat16,
+    }

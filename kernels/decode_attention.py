@@ -1,0 +1,402 @@
+"""Decode attention over the paged KV pool: split-KV (flash-decoding), GQA-grouped.
+
+One query token per request attends to its whole sequence `req_to_token[req, 0:seq_len]` in the
+pool; the new token's K/V must already be stored there (`store_kv` at `out_cache_loc`).
+
+Layouts:
+    q:        [B, num_heads, head_dim]                  fp32/bf16/fp16
+    k_buffer, v_buffer: [num_slots, num_kv_heads, head_dim]  same dtype as q (the KV pool, read only)
+    req_to_token: [max_running_requests, max_context_len] int32
+    req_pool_indices, seq_lens: [B] int32/int64 (seq_len counts the new token; 0 = padding lane)
+    out:      [B, num_heads, head_dim] dtype of q
+    workspace (fp32, owned by the caller, contents are scratch):
+        mid_o:   [B, num_heads, max_kv_splits, head_dim] per-split output, already normalised
+        mid_lse: [B, num_heads, max_kv_splits]           per-split natural-log sum-exp of scores
+
+Stage 1, grid (B, num_kv_heads * head_blocks, max_kv_splits): one program owns a block of up to
+BLOCK_H (>= 16, padded and masked) query heads that share one kv head, so every K/V tile is read
+once per group and both products are `tl.dot`s. Stage 2, grid (B, num_heads), merges the splits.
+
+# NOTE: the split actually used by a request is derived from its seq_len inside the kernels:
+# split_len = BLOCK_N * ceil(ceil(seq_len / max_kv_splits) / BLOCK_N) and split s covers
+# [s * split_len, min((s + 1) * split_len, seq_len)); splits past the end are skipped by both
+# stages. Shapes and grids therefore depend only on (B, max_kv_splits): CUDA-graph safe.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from radixlm.kernels._triton import (
+    cdiv,
+    dot_flags,
+    interpreting,
+    jit,
+    mma,
+    next_power_of_2,
+    require_triton,
+    tl,
+)
+
+_LOG2E = 1.4426950408889634
+_LN2 = 0.6931471805599453
+MAX_KV_SPLITS = 256  # cap of the heuristic and of the workspace's split dim
+
+
+def decode_attention_ref(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float | None = None,
+) -> torch.Tensor:
+    """Pure-torch reference: per request, gather K/V and run a dense fp32 softmax.
+
+    A padding lane (seq_len == 0) outputs zeros, like the kernel.
+    """
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    group = num_heads // k_buffer.shape[1]
+    scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
+    out = torch.zeros_like(q)
+    for b in range(q.shape[0]):
+        seq_len = int(seq_lens[b])
+        if seq_len == 0:
+            continue
+        slots = req_to_token[int(req_pool_indices[b]), :seq_len].long()
+        k = k_buffer[slots].float().repeat_interleave(group, dim=1)  # [S, H, D]
+        v = v_buffer[slots].float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,shd->hs", q[b].float(), k) * scale
+        probs = torch.softmax(scores, dim=-1)
+        out[b] = torch.einsum("hs,shd->hd", probs, v).to(q.dtype)
+    return out
+
+
+def choose_num_kv_splits(
+    batch_size: int,
+    max_seq_len: int,
+    num_kv_heads: int,
+    num_sms: int | None = None,
+    min_split_len: int = 256,
+    max_splits: int = 32,
+) -> int:
+    """Heuristic number of KV splits: about 8 programs per SM, splits >= min_split_len tokens.
+
+    Capped at `max_splits` (32: on H200, bf16, batch 1 at 32k context, 32 splits beat 64).
+
+    Rounded down to a power of two (fewer distinct values to capture, and it measured better
+    than odd counts on H200). Pure python, no device sync: use it for a CUDA graph's fixed
+    `max_kv_splits` too (with the graph's batch size and the longest context it may see).
+    """
+    if num_sms is None:
+        num_sms = 132
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(torch.cuda.current_device())
+            num_sms = props.multi_processor_count
+    programs = max(1, batch_size * num_kv_heads)
+    for_occupancy = cdiv(8 * num_sms, programs)
+    for_length = cdiv(max(1, max_seq_len), min_split_len)
+    splits = max(1, min(for_occupancy, for_length, max_splits, MAX_KV_SPLITS))
+    return 1 << (splits.bit_length() - 1)
+
+
+def decode_workspace_numel(
+    batch_size: int, num_heads: int, head_dim: int, max_kv_splits: int
+) -> int:
+    """fp32 elements of one (mid_o, mid_lse) workspace."""
+    return batch_size * num_heads * max_kv_splits * (head_dim + 1)
+
+
+def alloc_decode_workspace(
+    batch_size: int,
+    num_heads: int,
+    head_dim: int,
+    max_kv_splits: int,
+    device: torch.device | str | None = None,
+    buffer: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mid_o, mid_lse) fp32 scratch for `decode_attention_fwd`.
+
+    With `buffer` (a contiguous fp32 tensor of >= `decode_workspace_numel(...)` elements) both are
+    views into it, so CUDA graphs captured for several batch sizes (each with its own split count)
+    can share one allocation sized for the largest batch_size * max_kv_splits.
+    """
+    n_o = batch_size * num_heads * max_kv_splits * head_dim
+    n_lse = batch_size * num_heads * max_kv_splits
+    if buffer is None:
+        buffer = torch.empty(n_o + n_lse, dtype=torch.float32, device=device)
+    assert (
+        buffer.dtype == torch.float32 and buffer.is_contiguous() and buffer.numel() >= n_o + n_lse
+    )
+    mid_o = buffer[:n_o].view(batch_size, num_heads, max_kv_splits, head_dim)
+    mid_lse = buffer[n_o : n_o + n_lse].view(batch_size, num_heads, max_kv_splits)
+    return mid_o, mid_lse
+
+
+@jit
+def _decode_stage1_kernel(
+    Q,
+    KBuf,
+    VBuf,
+    ReqToToken,
+    ReqPoolIdx,
+    SeqLens,
+    MidO,
+    MidLse,
+    qk_scale,
+    num_splits,
+    stride_qb,
+    stride_qh,
+    stride_kbs,
+    stride_kbh,
+    stride_vbs,
+    stride_vbh,
+    stride_r2t,
+    stride_mob,
+    stride_moh,
+    stride_mos,
+    stride_mlb,
+    stride_mlh,
+    GROUP: tl.constexpr,
+    HEAD_BLOCKS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PREC: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kv_h = tl.program_id(1) // HEAD_BLOCKS
+    hb = tl.program_id(1) % HEAD_BLOCKS
+    split = tl.program_id(2)
+    seq_len = tl.load(SeqLens + b).to(tl.int32)
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    n_start = split * split_len
+    n_end = tl.minimum(n_start + split_len, seq_len)
+    if n_start < n_end:
+        req = tl.load(ReqPoolIdx + b).to(tl.int64)
+        offs_g = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+        mask_h = offs_g < GROUP
+        heads = kv_h * GROUP + offs_g
+        offs_d = tl.arange(0, BLOCK_D)
+        mask_d = offs_d < HEAD_DIM
+        offs_n = tl.arange(0, BLOCK_N)
+        q = tl.load(
+            Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+            mask=mask_h[:, None] & mask_d[None, :],
+            other=0.0,
+        )
+        m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+        r2t_row = ReqToToken + req * stride_r2t
+        for n0 in range(n_start, n_end, BLOCK_N):
+            cols = n0 + offs_n
+            mask_n = cols < n_end
+            slots = tl.load(r2t_row + cols, mask=mask_n, other=0).to(tl.int64)
+            k = tl.load(
+                KBuf + slots[None, :] * stride_kbs + kv_h * stride_kbh + offs_d[:, None],
+                mask=mask_n[None, :] & mask_d[:, None],
+                other=0.0,
+            )
+            qk = mma(q, k, PREC, UPCAST) * qk_scale  # [BLOCK_H, BLOCK_N], log2 units
+            qk = tl.where(mask_n[None, :], qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(qk - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(
+                VBuf + slots[:, None] * stride_vbs + kv_h * stride_vbh + offs_d[None, :],
+                mask=mask_n[:, None] & mask_d[None, :],
+                other=0.0,
+            )
+            acc = acc * alpha[:, None] + mma(p.to(v.dtype), v, PREC, UPCAST)
+            m_i = m_new
+        mo_ptrs = (
+            MidO
+            + b * stride_mob
+            + heads[:, None] * stride_moh
+            + split * stride_mos
+            + offs_d[None, :]
+        )
+        tl.store(mo_ptrs, acc / l_i[:, None], mask=mask_h[:, None] & mask_d[None, :])
+        lse = (m_i + tl.log2(l_i)) * 0.6931471805599453  # natural-log units
+        tl.store(MidLse + b * stride_mlb + heads * stride_mlh + split, lse, mask=mask_h)
+
+
+@jit
+def _decode_stage2_kernel(
+    MidO,
+    MidLse,
+    SeqLens,
+    Out,
+    num_splits,
+    stride_mob,
+    stride_moh,
+    stride_mos,
+    stride_mlb,
+    stride_mlh,
+    stride_ob,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    seq_len = tl.load(SeqLens + b).to(tl.int32)
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    # Same split rule as stage 1: splits 0..n_valid-1 hold data (none for a padding lane).
+    n_valid = tl.minimum(tl.cdiv(seq_len, tl.maximum(split_len, 1)), num_splits)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    lse_row = MidLse + b * stride_mlb + h * stride_mlh
+    mo_row = MidO + b * stride_mob + h * stride_moh
+    m = float("-inf")
+    denom = 0.0
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    # NOTE: the first chunk always holds split 0, so m is finite after it (no inf - inf).
+    for s0 in range(0, n_valid, BLOCK_S):
+        splits = s0 + offs_s
+        valid = splits < n_valid
+        lse = tl.load(lse_row + splits, mask=valid, other=float("-inf"))
+        m_new = tl.maximum(m, tl.max(lse, 0))
+        rescale = tl.exp(m - m_new)
+        w = tl.where(valid, tl.exp(lse - m_new), 0.0)
+        mo = tl.load(
+            mo_row + splits[:, None] * stride_mos + offs_d[None, :],
+            mask=valid[:, None] & mask_d[None, :],
+            other=0.0,
+        )
+        acc = acc * rescale + tl.sum(w[:, None] * mo, 0)
+        denom = denom * rescale + tl.sum(w, 0)
+        m = m_new
+    o = acc / tl.maximum(denom, 1e-30)  # padding lane: 0 / 1e-30 = 0
+    tl.store(Out + b * stride_ob + h * stride_oh + offs_d, o.to(Out.dtype.element_ty), mask=mask_d)
+
+
+def decode_block_config(
+    head_dim: int, group: int, dtype: torch.dtype = torch.bfloat16
+) -> tuple[int, int, int, int]:
+    """(BLOCK_H, BLOCK_N, num_warps, num_stages) of stage 1 for (head_dim, GQA group, dtype)."""
+    block_h = min(64, max(16, next_power_of_2(group)))
+    if interpreting() or not torch.cuda.is_available():
+        return block_h, 32, 4, 1
+    # H200, bf16, head_dim 128: BLOCK_N=128 / 2 stages reached 93-99% of copy bandwidth at
+    # batch 8-64 and was best or near-best at batch 1. Keep a K/V tile at <= 32 KB.
+    row_bytes = next_power_of_2(head_dim) * torch.empty((), dtype=dtype).element_size()
+    block_n = max(16, min(128, (32 << 10) // row_bytes))
+    return block_h, block_n, 4, 2
+
+
+def decode_attention_fwd(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    mid_o: torch.Tensor,
+    mid_lse: torch.Tensor,
+    sm_scale: float | None = None,
+    config: tuple[int, int, int, int] | None = None,
+) -> torch.Tensor:
+    """CUDA-graph-safe decode attention into preallocated `out`, `mid_o`, `mid_lse`.
+
+    max_kv_splits = mid_o.shape[2] (<= MAX_KV_SPLITS); no host sync, no allocation, grids depend
+    only on shapes. Rows b >= q.shape[0] of the workspace are ignored, so a workspace allocated
+    for the largest captured batch serves every smaller one (pass views `mid_o[:bs]` or the whole).
+    """
+    require_triton()
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = k_buffer.shape[1]
+    assert num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads"
+    assert k_buffer.shape[2] == head_dim and v_buffer.shape == k_buffer.shape
+    assert q.dtype == k_buffer.dtype, "q and the pool share one dtype"
+    assert out.shape == q.shape and out.stride(2) == 1
+    num_splits = mid_o.shape[2]
+    assert 1 <= num_splits <= MAX_KV_SPLITS
+    assert mid_o.shape[0] >= batch and mid_o.shape[1] == num_heads and mid_o.shape[3] == head_dim
+    assert mid_lse.shape[0] >= batch and mid_lse.shape[1:] == (num_heads, num_splits)
+    assert mid_o.dtype == mid_lse.dtype == torch.float32
+    assert mid_o.stride(3) == 1 and mid_lse.stride(2) == 1
+    for t in (q, k_buffer, v_buffer):
+        assert t.stride(2) == 1, "last dim must be contiguous"
+    assert req_to_token.stride(1) == 1
+    if batch == 0:
+        return out
+    group = num_heads // num_kv_heads
+    block_h, block_n, num_warps, num_stages = config or decode_block_config(
+        head_dim, group, q.dtype
+    )
+    head_blocks = cdiv(group, block_h)
+    block_d = max(16, next_power_of_2(head_dim))
+    scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
+    mid_strides = (*mid_o.stride()[:3], *mid_lse.stride()[:2])
+    _decode_stage1_kernel[(batch, num_kv_heads * head_blocks, num_splits)](
+        *(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse),
+        scale * _LOG2E,
+        num_splits,
+        *q.stride()[:2],
+        *k_buffer.stride()[:2],
+        *v_buffer.stride()[:2],
+        req_to_token.stride(0),
+        *mid_strides,
+        GROUP=group,
+        HEAD_BLOCKS=head_blocks,
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        BLOCK_H=block_h,
+        BLOCK_N=block_n,
+        **dot_flags(q.dtype),
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    _decode_stage2_kernel[(batch, num_heads)](
+        *(mid_o, mid_lse, seq_lens, out),
+        num_splits,
+        *mid_strides,
+        *out.stride()[:2],
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        BLOCK_S=min(32, max(2, next_power_of_2(num_splits))),
+        BLOCK_N=block_n,
+        num_warps=4,
+    )
+    return out
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float | None = None,
+    num_kv_splits: int | None = None,
+    max_seq_len: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Eager convenience wrapper: allocates the workspace and picks `num_kv_splits`.
+
+    `max_seq_len` (python int) feeds the heuristic; if both it and `num_kv_splits` are None it is
+    read from `seq_lens` (one host sync). Not for CUDA-graph capture: use `decode_attention_fwd`.
+    """
+    batch, num_heads, head_dim = q.shape
+    if num_kv_splits is None:
+        if max_seq_len is None:
+            max_seq_len = int(seq_lens.max()) if batch else 1
+        num_kv_splits = choose_num_kv_splits(batch, max_seq_len, k_buffer.shape[1])
+    if out is None:
+        out = torch.empty_like(q)
+    mid_o, mid_lse = alloc_decode_workspace(batch, num_heads, head_dim, num_kv_splits, q.device)
+    pool = (k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens)
+    return decode_attention_fwd(q, *pool, out, mid_o, mid_lse, sm_scale)

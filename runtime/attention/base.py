@@ -1,0 +1,68 @@
+"""The `AttentionBackend` seam: how a layer's attention reads and writes the paged KV pool.
+
+Call order per forward: `init_forward_metadata(batch)` once (index tensors, masks, workspaces), then
+`forward(q, k, v, layer, batch)` for every layer; `forward` stores the new K/V at
+`batch.out_cache_loc` and attends over the request's whole sequence.
+
+CUDA graphs (decode only): `init_graph_state(max_bs)` allocates static metadata buffers once;
+`prepare_capture(bs, batch)` points the metadata at them before a capture; `prepare_replay(batch)`
+refreshes their contents in place before each replay. Backends that cannot be captured raise.
+
+Ownership: a backend belongs to one ModelRunner (one scheduler thread); it never owns the pool.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from radixlm.runtime.forward_batch import ForwardBatch
+from radixlm.runtime.mem.kv_pool import KVPool, ReqToTokenPool
+
+
+class AttentionBackend(ABC):
+    def __init__(
+        self,
+        kv_pool: KVPool,
+        req_to_token: ReqToTokenPool,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+    ) -> None:
+        self.kv_pool = kv_pool
+        self.req_to_token = req_to_token.table
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = head_dim**-0.5
+
+    @abstractmethod
+    def init_forward_metadata(self, batch: ForwardBatch) -> None: ...
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch
+    ) -> torch.Tensor:
+        """q `[T, H, D]`, k/v `[T, kvH, D]` -> attention output `[T, H, D]`."""
+        self.kv_pool.store(layer, batch.out_cache_loc, k, v)
+        if batch.is_decode:
+            return self.forward_decode(q, layer, batch)
+        return self.forward_extend(q, k, v, layer, batch)
+
+    @abstractmethod
+    def forward_extend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch
+    ) -> torch.Tensor: ...
+
+    @abstractmethod
+    def forward_decode(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor: ...
+
+    # ---- CUDA-graph hooks ------------------------------------------------------------------------
+    def init_graph_state(self, max_bs: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
+
+    def prepare_capture(self, bs: int, batch: ForwardBatch) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
+
+    def prepare_replay(self, batch: ForwardBatch) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")

@@ -1,0 +1,99 @@
+"""The `torch` attention backend: gathers each request's KV from the pool and runs SDPA.
+
+Runs on CPU and GPU and is the correctness oracle for the Triton backend. Per forward it builds
+the slot indices once (`init_forward_metadata`); every layer then gathers K/V with one
+`index_select` per tensor.
+  EXTEND: one SDPA call per request, causal with the cached prefix in front of the new tokens.
+  DECODE: one batched SDPA over the padded batch `[B, kvH, Lmax, D]` with a key-padding mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from radixlm.runtime.attention.base import AttentionBackend
+from radixlm.runtime.forward_batch import ForwardBatch
+
+
+@dataclass
+class _ExtendMeta:
+    slots: list[torch.Tensor]  # per request: [L_b] KV slots of its whole sequence
+    masks: list[torch.Tensor | None]  # per request: [n_b, L_b] bool (None: plain causal)
+    starts: list[int]
+    lens: list[int]
+
+
+@dataclass
+class _DecodeMeta:
+    slots: torch.Tensor  # [B * Lmax] int64, padded with slot 0
+    max_len: int
+    mask: torch.Tensor  # [B, 1, 1, Lmax] bool, True = attend
+
+
+class TorchAttnBackend(AttentionBackend):
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        table = self.req_to_token
+        rows = batch.req_pool_indices
+        if batch.is_decode:
+            max_len = max(batch.seq_lens_cpu)
+            slots = table[rows, :max_len].to(torch.int64)
+            ar = torch.arange(max_len, device=slots.device)
+            valid = ar[None, :] < batch.seq_lens[:, None]
+            slots = slots.masked_fill(~valid, 0)
+            batch.attn_metadata = _DecodeMeta(slots.view(-1), max_len, valid[:, None, None, :])
+            return
+        meta = _ExtendMeta([], [], [], [])
+        start = 0
+        rows_cpu = rows.tolist()
+        for row, prefix, n in zip(rows_cpu, batch.extend_prefix_lens_cpu, batch.extend_seq_lens_cpu):
+            total = prefix + n
+            meta.slots.append(table[row, :total].to(torch.int64))
+            if prefix == 0:
+                meta.masks.append(None)
+            else:
+                q_pos = torch.arange(prefix, total, device=table.device)
+                k_pos = torch.arange(total, device=table.device)
+                meta.masks.append(k_pos[None, :] <= q_pos[:, None])
+            meta.starts.append(start)
+            meta.lens.append(n)
+            start += n
+        batch.attn_metadata = meta
+
+    def forward_extend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch
+    ) -> torch.Tensor:
+        meta: _ExtendMeta = batch.attn_metadata
+        k_buf, v_buf = self.kv_pool.k[layer], self.kv_pool.v[layer]
+        out = torch.empty_like(q)
+        for slots, mask, start, n in zip(meta.slots, meta.masks, meta.starts, meta.lens):
+            qi = q[start : start + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
+            if mask is None:  # no prefix: the new tokens are the whole sequence
+                ki, vi = k[start : start + n], v[start : start + n]
+            else:
+                ki, vi = k_buf.index_select(0, slots), v_buf.index_select(0, slots)
+            ki = ki.to(q.dtype).transpose(0, 1).unsqueeze(0)  # [1, kvH, L, D]
+            vi = vi.to(q.dtype).transpose(0, 1).unsqueeze(0)
+            oi = F.scaled_dot_product_attention(
+                qi, ki, vi, attn_mask=mask, is_causal=mask is None, scale=self.scale, enable_gqa=True
+            )
+            out[start : start + n] = oi[0].transpose(0, 1)
+        return out
+
+    def forward_decode(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
+        meta: _DecodeMeta = batch.attn_metadata
+        bs = q.shape[0]
+        shape = (bs, meta.max_len, self.num_kv_heads, self.head_dim)
+        k = self.kv_pool.k[layer].index_select(0, meta.slots).view(shape).transpose(1, 2)
+        v = self.kv_pool.v[layer].index_select(0, meta.slots).view(shape).transpose(1, 2)
+        o = F.scaled_dot_product_attention(
+            q.unsqueeze(2),
+            k.to(q.dtype),
+            v.to(q.dtype),
+            attn_mask=meta.mask,
+            scale=self.scale,
+            enable_gqa=True,
+        )
+        return o.squeeze(2)

@@ -1,0 +1,46 @@
+"""Entry point of the engine's child processes: `python -m radixlm.runtime.child <role> <fd>`.
+
+Reads `{"args": ServerArgs fields, "ports": PortArgs fields}` as JSON from stdin and runs the
+role's loop; readiness (or the startup error) goes to file descriptor <fd> as one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+
+class ReadyPipe:
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def send(self, msg: dict[str, Any]) -> None:
+        os.write(self.fd, (json.dumps(msg) + "\n").encode())
+        os.close(self.fd)
+
+
+def main() -> None:
+    role, fd = sys.argv[1], int(sys.argv[2])
+    config = json.loads(sys.stdin.read())
+    from radixlm.runtime.ipc import PortArgs
+    from radixlm.runtime.server_args import ServerArgs
+
+    args = ServerArgs(**config["args"])
+    ports = PortArgs(**config["ports"])
+    pipe = ReadyPipe(fd)
+    if role == "scheduler":
+        from radixlm.runtime.scheduler.scheduler import run_scheduler_process
+
+        run_scheduler_process(args, ports, pipe)
+    elif role == "detokenizer":
+        from radixlm.runtime.detokenizer import run_detokenizer_process
+
+        run_detokenizer_process(args, ports, pipe)
+    else:
+        raise SystemExit(f"unknown role {role!r}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""`ModelRunner`: owns the model, the KV pool, the `req_to_token` table and the attention backend.
+
+The scheduler hands it a `ForwardBatch` and gets float32 logits for the batch's `logits_indices`
+rows; it never touches model tensors itself. One runner per scheduler process; not thread-safe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+
+import psutil
+import torch
+
+from radixlm.runtime.attention.base import AttentionBackend
+from radixlm.runtime.forward_batch import ForwardBatch
+from radixlm.runtime.mem.kv_pool import KVPool, ReqToTokenPool
+from radixlm.runtime.models.llama import LlamaForCausalLM
+from radixlm.runtime.models.loader import ModelSource
+from radixlm.runtime.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+}
+CPU_DEFAULT_KV_TOKENS = 65536
+
+
+def resolve_device(device: str | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device, checkpoint_dtype: str) -> torch.dtype:
+    if dtype != "auto":
+        return _DTYPES[dtype]
+    if device.type == "cpu":
+        return torch.float32
+    return torch.float16 if checkpoint_dtype == "float16" else torch.bfloat16
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+class ModelRunner:
+    def __init__(self, args: ServerArgs, source: ModelSource) -> None:
+        self.args = args
+        self.config = source.config
+        self.device = resolve_device(args.device)
+        self.dtype = resolve_dtype(args.dtype, self.device, self.config.torch_dtype)
+        if self.device.type == "cpu":
+            torch.set_num_threads(args.num_threads or len(os.sched_getaffinity(0)))
+        elif self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        if args.random_seed is not None:
+            torch.manual_seed(args.random_seed)
+        self.context_len = args.context_length or self.config.max_position_embeddings
+        self.model = self._load_model(source)
+        self.kv_pool, self.req_to_token = self._init_memory()
+        self.attn = self._make_attention_backend()
+
+    # ---- setup ---------------------------------------------------------------------------------
+    def _load_model(self, source: ModelSource) -> LlamaForCausalLM:
+        with _default_dtype(self.dtype), torch.device(self.device):
+            model = LlamaForCausalLM(self.config, self.context_len, self.device)
+        model.load_weights(
+            (name, t.to(device=self.device, dtype=self.dtype))
+            for name, t in source.iter_weights(self.device, self.dtype)
+        )
+        return model.eval()
+
+    def _init_memory(self) -> tuple[KVPool, ReqToTokenPool]:
+        cfg = self.config
+        per_token = KVPool.bytes_per_token(
+            cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, self.dtype
+        )
+        if self.args.max_total_tokens is not None:
+            tokens = self.args.max_total_tokens
+        elif self.device.type == "cuda":
+            fraction = self.args.mem_fraction_static or 0.85
+            total = torch.cuda.get_device_properties(self.device).total_memory
+            # NOTE: keep room outside the fraction for activations, logits and CUDA graphs.
+            budget = total * fraction - torch.cuda.memory_allocated(self.device)
+            tokens = int(budget // per_token)
+        else:
+            ram_cap = int(psutil.virtual_memory().total * 0.25 // per_token)
+            tokens = min(CPU_DEFAULT_KV_TOKENS, ram_cap)
+        if tokens < 64:
+            raise MemoryError(f"only {tokens} KV tokens fit; lower the model size or raise memory")
+        self.max_running = self.args.max_running_requests or (
+            512 if self.device.type == "cuda" else 128
+        )
+        self.max_running = max(1, min(self.max_running, tokens // 2))
+        logger.info(
+            "KV pool: %d tokens (%.2f GB, %s); max running requests %d; context %d",
+            tokens,
+            tokens * per_token / 1e9,
+            self.dtype,
+            self.max_running,
+            self.context_len,
+        )
+        kv = KVPool(
+            tokens, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, self.dtype, self.device
+        )
+        # NOTE: one spare row per request: a jump-forward or chunk may briefly need it.
+        req_to_token = ReqToTokenPool(self.max_running, self.context_len + 1, self.device)
+        return kv, req_to_token
+
+    def _make_attention_backend(self) -> AttentionBackend:
+        name = self.args.attention_backend or ("triton" if self.device.type == "cuda" else "torch")
+        cfg = self.config
+        shape = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+        if name == "triton":
+            from radixlm.runtime.attention.triton_backend import TritonAttnBackend
+
+            return TritonAttnBackend(self.kv_pool, self.req_to_token, *shape)
+        from radixlm.runtime.attention.torch_backend import TorchAttnBackend
+
+        return TorchAttnBackend(self.kv_pool, self.req_to_token, *shape)
+
+    # ---- forward -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Final hidden states of the rows `batch.logits_indices` (all rows when None)."""
+        self.attn.init_forward_metadata(batch)
+        hidden = self.model(batch, self.attn)
+        if batch.logits_indices is not None:
+            hidden = hidden.index_select(0, batch.logits_indices)
+        return hidden
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits `[rows, vocab]`."""
+        return self.model.compute_logits(hidden)

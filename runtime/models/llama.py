@@ -1,0 +1,208 @@
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM) over a flattened token batch.
+
+Shapes: tokens of all requests are one dimension T; attention goes through the batch's
+`AttentionBackend`, which reads/writes the paged KV pool. q/k/v and gate/up projections are merged
+into one matmul each; weights load from Hugging Face names (see `load_weights`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixlm.runtime.attention.base import AttentionBackend
+from radixlm.runtime.forward_batch import ForwardBatch
+from radixlm.runtime.models.config import ModelConfig
+from radixlm.runtime.models.rotary import RotaryEmbedding
+
+
+class Linear(nn.Module):
+    """`y = x W^T (+ b)` with uninitialised parameters (weights always come from a loader)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class RMSNorm(nn.Module):
+    """HF Llama's RMSNorm (fp32 statistics, weight applied in the input dtype), optionally fused
+    with the residual add that precedes it."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size), requires_grad=False)
+        self.eps = eps
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is not None:
+            x = x + residual
+            residual = x
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        out = self.weight * h.to(x.dtype)
+        return out if residual is None else (out, residual)
+
+
+class Embedding(nn.Module):
+    def __init__(self, num: int, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num, dim), requires_grad=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_id: int) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_size, self.kv_size = config.q_size, config.kv_size
+        self.qkv_proj = Linear(
+            config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
+        )
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=False)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        batch: ForwardBatch,
+        rotary: RotaryEmbedding,
+        attn: AttentionBackend,
+    ) -> torch.Tensor:
+        t = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = rotary(positions, q, k)
+        o = attn.forward(
+            q.view(t, self.num_heads, self.head_dim),
+            k.view(t, self.num_kv_heads, self.head_dim),
+            v.reshape(t, self.num_kv_heads, self.head_dim),
+            self.layer_id,
+            batch,
+        )
+        return self.o_proj(o.reshape(t, self.q_size))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.intermediate = config.intermediate_size
+        self.gate_up_proj = Linear(config.hidden_size, 2 * self.intermediate, bias=False)
+        self.down_proj = Linear(self.intermediate, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_id: int) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config, layer_id)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        batch: ForwardBatch,
+        rotary: RotaryEmbedding,
+        attn: AttentionBackend,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, batch, rotary, attn)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig, max_positions: int, device: torch.device) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            [LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers)]
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
+        self.rotary = RotaryEmbedding(config, max_positions, device)
+
+    @torch.no_grad()
+    def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+        """Final hidden states `[T, hidden]` of every token of the batch."""
+        hidden = self.embed_tokens(batch.input_ids)
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(batch.positions, hidden, residual, batch, self.rotary, attn)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+    @torch.no_grad()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    # ---- weights -------------------------------------------------------------------------------
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load Hugging Face-named tensors, merging q/k/v and gate/up into their fused matrices."""
+        cfg = self.config
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        qkv_offsets = {"q": (0, cfg.q_size), "k": (cfg.q_size, cfg.kv_size)}
+        qkv_offsets["v"] = (cfg.q_size + cfg.kv_size, cfg.kv_size)
+        for name, tensor in weights:
+            if "rotary_emb" in name:
+                continue
+            key = name.removeprefix("model.")
+            target, rows = key, None
+            for proj in ("q", "k", "v"):
+                part = f"self_attn.{proj}_proj."
+                if part in key:
+                    target = key.replace(part, "self_attn.qkv_proj.")
+                    rows = qkv_offsets[proj]
+            for i, proj in enumerate(("gate", "up")):
+                part = f"mlp.{proj}_proj."
+                if part in key:
+                    target = key.replace(part, "mlp.gate_up_proj.")
+                    rows = (i * cfg.intermediate_size, cfg.intermediate_size)
+            if target == "lm_head.weight" and self.lm_head is None:
+                continue
+            param = params.get(target)
+            if param is None:
+                raise KeyError(f"unexpected weight {name!r} for {cfg.architecture}")
+            dst = param.data if rows is None else param.data.narrow(0, rows[0], rows[1])
+            if dst.shape != tensor.shape:
+                raise ValueError(f"weight {name!r}: shape {tuple(tensor.shape)} != {tuple(dst.shape)}")
+            dst.copy_(tensor)
+            loaded.add(f"{target}:{rows}")
+        expected = _expected_count(cfg)
+        if len(loaded) != expected:
+            raise ValueError(f"checkpoint is incomplete: loaded {len(loaded)} of {expected} tensors")
+
+
+def _expected_count(cfg: ModelConfig) -> int:
+    per_layer = 3 + (3 if cfg.attention_bias else 0) + 1 + 2 + 1 + 2  # qkv(+bias), o, gate/up, down, norms
+    return cfg.num_hidden_layers * per_layer + 2 + (0 if cfg.tie_word_embeddings else 1)

@@ -1,0 +1,190 @@
+"""Where weights come from: a Hugging Face directory (config.json + safetensors), a GGUF file, or
+random `dummy` weights of a config's shapes. Every source yields (HF-name, tensor) pairs that
+`LlamaForCausalLM.load_weights` consumes, plus a `ModelConfig`."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from radixlm.runtime.models.config import ModelConfig, UnsupportedModelError
+from radixlm.runtime.models.default_model import ModelNotFoundError, default_model_path
+from radixlm.runtime.models.gguf_file import GGUFFile
+from radixlm.runtime.models.presets import PRESETS
+
+@dataclass(frozen=True)
+class ModelSource:
+    path: str  # a GGUF file, an HF directory, or a preset name (dummy)
+    load_format: str  # "gguf" | "safetensors" | "dummy"
+    config: ModelConfig
+    gguf: GGUFFile | None = None
+
+    def iter_weights(self, device: torch.device, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+        if self.load_format == "gguf":
+            assert self.gguf is not None
+            yield from _iter_gguf(self.gguf, self.config)
+        elif self.load_format == "safetensors":
+            yield from _iter_safetensors(self.path)
+        else:
+            yield from _iter_dummy(self.config, device, dtype)
+
+
+def resolve_model(model_path: str | None, load_format: str = "auto") -> ModelSource:
+    path = model_path or default_model_path()
+    if load_format == "dummy":
+        if path in PRESETS:
+            return ModelSource(path, "dummy", ModelConfig.from_hf_dict(PRESETS[path]))
+        if os.path.exists(path) and not path.endswith(".gguf"):
+            return ModelSource(path, "dummy", ModelConfig.from_path(path))
+        if path.endswith(".gguf") and os.path.exists(path):
+            gguf = GGUFFile(path)
+            return ModelSource(path, "dummy", gguf_config(gguf))
+        raise ModelNotFoundError(
+            f"dummy weights need a preset ({', '.join(sorted(PRESETS))}) or a config path; got {path!r}"
+        )
+    if not os.path.exists(path):
+        raise ModelNotFoundError(f"model path {path!r} does not exist (models are never downloaded)")
+    if path.endswith(".gguf") or load_format == "gguf":
+        gguf = GGUFFile(path)
+        return ModelSource(path, "gguf", gguf_config(gguf), gguf)
+    if os.path.isdir(path):
+        if not os.path.exists(os.path.join(path, "config.json")):
+            raise ModelNotFoundError(f"{path!r} has no config.json")
+        ggufs = sorted(glob.glob(os.path.join(path, "*.gguf")))
+        if not glob.glob(os.path.join(path, "*.safetensors")):
+            if ggufs:
+                return resolve_model(ggufs[0], "gguf")
+            raise ModelNotFoundError(f"{path!r} holds no *.safetensors weights")
+        return ModelSource(path, "safetensors", ModelConfig.from_path(path))
+    raise ModelNotFoundError(f"cannot load {path!r}: expected a GGUF file or an HF model directory")
+
+
+# ---- GGUF ---------------------------------------------------------------------------------------
+_GGUF_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+
+
+def gguf_config(gguf: GGUFFile) -> ModelConfig:
+    arch = gguf.architecture
+    if arch not in _GGUF_ARCH:
+        raise UnsupportedModelError(f"GGUF architecture {arch!r} is not supported")
+    md = gguf.metadata
+
+    def get(key: str, default=None):
+        return md.get(f"{arch}.{key}", default)
+
+    heads = int(get("attention.head_count"))
+    hidden = int(get("embedding_length"))
+    vocab = get("vocab_size") or len(md.get("tokenizer.ggml.tokens", []))
+    cfg = {
+        "architectures": [_GGUF_ARCH[arch]],
+        "model_type": arch,
+        "vocab_size": int(vocab),
+        "hidden_size": hidden,
+        "intermediate_size": int(get("feed_forward_length")),
+        "num_hidden_layers": int(get("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(get("attention.head_count_kv", heads)),
+        "head_dim": int(get("attention.key_length", hidden // heads)),
+        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(get("rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(get("context_length", 4096)),
+        "tie_word_embeddings": "output.weight" not in gguf.tensors,
+        "bos_token_id": md.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": md.get("tokenizer.ggml.eos_token_id"),
+    }
+    if get("rope.scaling.type") == "linear":
+        cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(get("rope.scaling.factor"))}
+    return ModelConfig.from_hf_dict(cfg)
+
+
+_GGUF_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def _iter_gguf(gguf: GGUFFile, cfg: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    permute = gguf.architecture == "llama"  # llama.cpp interleaves q/k rows for its rope layout
+    for name, tensor in gguf.tensors.items():
+        if name.startswith("rope_"):
+            continue
+        data = tensor.to_torch()
+        if name == "token_embd.weight":
+            yield "model.embed_tokens.weight", data
+        elif name == "output_norm.weight":
+            yield "model.norm.weight", data
+        elif name == "output.weight":
+            yield "lm_head.weight", data
+        elif name.startswith("blk."):
+            _, layer, part, kind = name.split(".", 3)
+            if permute and part in ("attn_q", "attn_k") and kind == "weight":
+                heads = cfg.num_attention_heads if part == "attn_q" else cfg.num_key_value_heads
+                data = _unpermute(data, heads)
+            yield f"model.layers.{layer}.{_GGUF_NAMES[part]}.{kind}", data
+        else:
+            raise KeyError(f"unexpected GGUF tensor {name!r}")
+
+
+def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
+    rows = w.shape[0]
+    return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+# ---- safetensors / dummy -------------------------------------------------------------------------
+def _iter_safetensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = sorted(os.path.basename(p) for p in glob.glob(os.path.join(path, "*.safetensors")))
+    for file in files:
+        with safe_open(os.path.join(path, file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                yield name, f.get_tensor(name)
+
+
+def _iter_dummy(
+    cfg: ModelConfig, device: torch.device, dtype: torch.dtype
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Random weights of the config's shapes, generated on the target device (seeded)."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    h, i = cfg.hidden_size, cfg.intermediate_size
+
+    def rand(*shape: int, scale: float = 0.02) -> torch.Tensor:
+        t = torch.empty(shape, device=device, dtype=torch.float32)
+        return t.uniform_(-scale, scale, generator=gen).to(dtype)
+
+    yield "model.embed_tokens.weight", rand(cfg.vocab_size, h, scale=1.0)
+    for layer in range(cfg.num_hidden_layers):
+        p = f"model.layers.{layer}."
+        yield p + "self_attn.q_proj.weight", rand(cfg.q_size, h)
+        yield p + "self_attn.k_proj.weight", rand(cfg.kv_size, h)
+        yield p + "self_attn.v_proj.weight", rand(cfg.kv_size, h)
+        if cfg.attention_bias:
+            yield p + "self_attn.q_proj.bias", rand(cfg.q_size)
+            yield p + "self_attn.k_proj.bias", rand(cfg.kv_size)
+            yield p + "self_attn.v_proj.bias", rand(cfg.kv_size)
+        yield p + "self_attn.o_proj.weight", rand(h, cfg.q_size)
+        yield p + "mlp.gate_proj.weight", rand(i, h)
+        yield p + "mlp.up_proj.weight", rand(i, h)
+        yield p + "mlp.down_proj.weight", rand(h, i)
+        yield p + "input_layernorm.weight", torch.ones(h, device=device, dtype=dtype)
+        yield p + "post_attention_layernorm.weight", torch.ones(h, device=device, dtype=dtype)
+    yield "model.norm.weight", torch.ones(h, device=device, dtype=dtype)
+    if not cfg.tie_word_embeddings:
+        yield "lm_head.weight", rand(cfg.vocab_size, h)

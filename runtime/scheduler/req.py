@@ -1,0 +1,132 @@
+"""`Req`: one request's state inside the scheduler process.
+
+Token bookkeeping: `fill_ids = origin_input_ids + output_ids`. Positions `[0, computed)` of
+`fill_ids` have KV in the pool (listed in `req_to_token[req_pool_idx]`); of those, the first
+`len(prefix_slots)` belong to the prefix cache (locked through `last_node`) and the rest to this
+request. A decoding request always has exactly one token without KV: the last sampled one.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from radixlm.runtime.sampling.sampling_params import SamplingParams
+
+
+class Req:
+    def __init__(
+        self,
+        rid: str,
+        input_ids: list[int],
+        sampling_params: SamplingParams,
+        *,
+        eos_ids: tuple[int, ...],
+        seed: int,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        stream: bool = False,
+        arrival_time: float | None = None,
+    ) -> None:
+        self.rid = rid
+        self.origin_input_ids = input_ids
+        self.sampling_params = sampling_params
+        self.output_ids: list[int] = []
+        self.return_logprob = return_logprob
+        self.top_logprobs_num = top_logprobs_num
+        self.stream = stream
+        self.arrival_time = arrival_time or time.time()
+        self.wait_start = time.monotonic()
+        sp = sampling_params
+        self.eos_ids = () if sp.ignore_eos else eos_ids
+        self.stop_token_ids = set(sp.stop_token_ids)
+        self.stop_ids_for_min_tokens = tuple(eos_ids) + tuple(sp.stop_token_ids)
+        self.max_stop_len = max((len(s) for s in sp.stop), default=0)
+        self.generator = None
+        if not sp.is_greedy:
+            self.generator = torch.Generator().manual_seed(sp.seed if sp.seed is not None else seed)
+        # Input logprobs cover positions [logprob_start_len, len(input)); -1 disables them.
+        self.logprob_start_len = logprob_start_len if return_logprob else -1
+        self.input_logprobs: list[float | None] = []
+        self.input_top: list[Any] = []
+        self.input_logprobs_done = self.logprob_start_len < 0
+        self.output_logprobs: list[float] = []
+        self.output_top: list[Any] = []
+        # Memory (owned by the scheduler; see the module docstring).
+        self.req_pool_idx: int | None = None
+        self.prefix_slots = torch.empty(0, dtype=torch.int64)
+        self.last_node: Any = None
+        self.computed = 0
+        self.extend_len = 0  # tokens computed in the current extend round
+        self.cached_tokens = 0
+        self.is_chunked = False  # its prompt is being prefilled over several rounds
+        self.times_retracted = 0
+        self.counted = False  # in the scheduler's prompt/cached token statistics
+        # Output state.
+        self.finished_reason: dict[str, Any] | None = None
+        self.sent_ids = 0  # output ids already sent to the detokenizer
+        self.sent_input_logprobs = 0
+        self.first_sent = False
+        self.grammar: Any = None
+
+    # ---- views ---------------------------------------------------------------------------------
+    @property
+    def fill_ids(self) -> list[int]:
+        return self.origin_input_ids + self.output_ids
+
+    @property
+    def seqlen(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    def kv_token_ids(self) -> list[int]:
+        return self.fill_ids[: self.computed]
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    def max_prefix_len(self) -> int:
+        """How much of `fill_ids` may come from the cache: at least one token must be computed
+        (to get logits), and input logprobs need the hidden states from their start on."""
+        limit = self.seqlen - 1
+        if not self.input_logprobs_done:
+            limit = min(limit, max(self.logprob_start_len - 1, 0))
+        return max(limit, 0)
+
+    def remaining_new_tokens(self) -> int:
+        return max(self.sampling_params.max_new_tokens - len(self.output_ids), 0)
+
+    # ---- stop conditions -------------------------------------------------------------------------
+    def check_finished(self, tokenizer: Any, context_len: int) -> None:
+        """Called after a token was appended to `output_ids`."""
+        if self.finished_reason is not None:
+            return
+        sp = self.sampling_params
+        n = len(self.output_ids)
+        last = self.output_ids[-1]
+        if n >= sp.min_new_tokens:
+            if last in self.eos_ids or last in self.stop_token_ids:
+                self.finished_reason = {"type": "stop", "matched": last}
+                return
+            if self.grammar is not None and self.grammar.is_terminated():
+                self.finished_reason = {"type": "stop", "matched": None}
+                return
+            if sp.stop and tokenizer is not None:
+                tail = tokenizer.decode(
+                    self.output_ids[-(self.max_stop_len + 1) :], skip_special_tokens=False
+                )
+                for stop in sp.stop:
+                    if stop in tail:
+                        self.finished_reason = {"type": "stop", "matched": stop}
+                        return
+        if n >= sp.max_new_tokens:
+            self.finished_reason = {"type": "length", "length": sp.max_new_tokens}
+        elif self.seqlen >= context_len:
+            self.finished_reason = {"type": "length", "length": n}
+
+    def abort(self, message: str) -> None:
+        if self.finished_reason is None:
+            self.finished_reason = {"type": "abort", "message": message}

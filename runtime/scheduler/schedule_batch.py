@@ -1,0 +1,164 @@
+"""`ScheduleBatch`: the requests of one forward, and the conversion to tensors.
+
+Data flow of one iteration:
+    Scheduler picks requests (policy.py) -> ScheduleBatch.prepare_extend()/prepare_decode()
+      allocates KV slots, writes req_to_token rows, builds a ForwardBatch plus the bookkeeping of
+      which logits rows sample a token and which give input logprobs
+    -> ModelRunner.forward() -> logits -> Sampler -> ScheduleBatch.process_result()
+      appends tokens, records logprobs, checks stop conditions.
+The batch never frees memory itself: finished requests go back to the scheduler, which hands
+their KV to the prefix cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
+from radixlm.runtime.mem.kv_pool import SlotAllocator
+from radixlm.runtime.mem.prefix_cache import PrefixCache
+from radixlm.runtime.scheduler.req import Req
+
+_LOGPROB_CHUNK = 512  # logits rows materialised at once for input logprobs
+
+
+class OutOfSlotsError(RuntimeError):
+    """The KV pool cannot hold this batch even after eviction (the caller retracts)."""
+
+
+@dataclass
+class ScheduleBatch:
+    reqs: list[Req]
+    mode: ForwardMode
+    # EXTEND bookkeeping: per request, the logits rows of its input-logprob positions and the
+    # row that samples its next token (-1 when a chunk is not the prompt's last).
+    # (req index, first logits row, row count, position of the first row)
+    lp_rows: list[tuple[int, int, int, int]] = field(default_factory=list)
+    sample_rows: list[int] = field(default_factory=list)
+
+    @property
+    def sampling_reqs(self) -> list[Req]:
+        return [r for r, row in zip(self.reqs, self.sample_rows) if row >= 0]
+
+
+def alloc_slots(n: int, allocator: SlotAllocator, cache: PrefixCache) -> torch.Tensor:
+    slots = allocator.alloc(n)
+    if slots is None:
+        cache.evict(n - allocator.available())
+        slots = allocator.alloc(n)
+    if slots is None:
+        raise OutOfSlotsError(f"need {n} KV slots, {allocator.available()} free")
+    return slots
+
+
+def prepare_extend(
+    batch: ScheduleBatch, allocator: SlotAllocator, cache: PrefixCache, device: torch.device
+) -> ForwardBatch:
+    """Requests already hold a row, their prefix and `extend_len`; allocates the new tokens."""
+    reqs = batch.reqs
+    table = cache.req_to_token
+    ids: list[int] = []
+    positions: list[int] = []
+    prefix_lens, extend_lens, seq_lens, starts = [], [], [], []
+    logits_rows: list[int] = []
+    total = sum(r.extend_len for r in reqs)
+    slots = alloc_slots(total, allocator, cache)
+    offset = 0
+    batch.lp_rows, batch.sample_rows = [], []
+    for i, r in enumerate(reqs):
+        start, n = r.computed, r.extend_len
+        table.write(r.req_pool_idx, start, slots[offset : offset + n])
+        ids.extend(r.fill_ids[start : start + n])
+        positions.extend(range(start, start + n))
+        prefix_lens.append(start)
+        extend_lens.append(n)
+        seq_lens.append(start + n)
+        starts.append(offset)
+        if not r.input_logprobs_done:
+            # Row at position p gives the logprob of input token p + 1.
+            first = max(start, r.logprob_start_len - 1, 0)
+            last = min(start + n, len(r.origin_input_ids) - 1)
+            if last > first:
+                batch.lp_rows.append((i, len(logits_rows), last - first, first))
+                logits_rows.extend(range(offset + first - start, offset + last - start))
+        if start + n == r.seqlen:  # the whole prompt is in: sample the next token
+            batch.sample_rows.append(len(logits_rows))
+            logits_rows.append(offset + n - 1)
+        else:
+            batch.sample_rows.append(-1)
+        offset += n
+
+    def t(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64, device=device)
+
+    return ForwardBatch(
+        mode=ForwardMode.EXTEND,
+        batch_size=len(reqs),
+        input_ids=t(ids),
+        positions=t(positions),
+        out_cache_loc=slots,
+        req_pool_indices=t([r.req_pool_idx for r in reqs]),
+        seq_lens=t(seq_lens),
+        seq_lens_cpu=seq_lens,
+        extend_prefix_lens_cpu=prefix_lens,
+        extend_seq_lens_cpu=extend_lens,
+        extend_prefix_lens=t(prefix_lens),
+        extend_seq_lens=t(extend_lens),
+        extend_start_loc=t(starts),
+        logits_indices=t(logits_rows),
+    )
+
+
+def prepare_decode(
+    batch: ScheduleBatch, allocator: SlotAllocator, cache: PrefixCache, device: torch.device
+) -> ForwardBatch:
+    reqs = batch.reqs
+    slots = alloc_slots(len(reqs), allocator, cache)
+    rows = [r.req_pool_idx for r in reqs]
+    positions = [r.computed for r in reqs]
+    table = cache.req_to_token.table
+    rows_t = torch.tensor(rows, dtype=torch.int64, device=device)
+    pos_t = torch.tensor(positions, dtype=torch.int64, device=device)
+    table[rows_t, pos_t] = slots.to(torch.int32)
+    for r in reqs:
+        r.extend_len = 1
+    batch.sample_rows = list(range(len(reqs)))
+    seq_lens = [p + 1 for p in positions]
+    return ForwardBatch(
+        mode=ForwardMode.DECODE,
+        batch_size=len(reqs),
+        input_ids=torch.tensor([r.fill_ids[-1] for r in reqs], dtype=torch.int64, device=device),
+        positions=pos_t,
+        out_cache_loc=slots,
+        req_pool_indices=rows_t,
+        seq_lens=pos_t + 1,
+        seq_lens_cpu=seq_lens,
+        logits_indices=None,
+    )
+
+
+def input_logprobs(
+    hidden: torch.Tensor, batch: ScheduleBatch, compute_logits: Callable[[torch.Tensor], torch.Tensor]
+) -> list[tuple[list[float], list | None]]:
+    """Per `lp_rows` entry: the logprobs of the next input tokens and, if asked, the top-k.
+    Logits are materialised `_LOGPROB_CHUNK` rows at a time (a long prompt's full logits would
+    not fit in memory)."""
+    out = []
+    for i, first_row, count, first_pos in batch.lp_rows:
+        r = batch.reqs[i]
+        targets = r.origin_input_ids[first_pos + 1 : first_pos + 1 + count]
+        values: list[float] = []
+        tops: list = []
+        for c in range(0, count, _LOGPROB_CHUNK):
+            rows = hidden[first_row + c : first_row + min(c + _LOGPROB_CHUNK, count)]
+            logp = torch.log_softmax(compute_logits(rows), dim=-1)
+            tgt = torch.tensor(targets[c : c + rows.shape[0]], dtype=torch.int64, device=logp.device)
+            values.extend(logp.gather(1, tgt.view(-1, 1)).view(-1).tolist())
+            if r.top_logprobs_num:
+                v, ix = logp.topk(r.top_logprobs_num, dim=-1)
+                tops.extend([list(zip(a, b)) for a, b in zip(v.tolist(), ix.tolist())])
+        out.append((values, tops if r.top_logprobs_num else None))
+    return out

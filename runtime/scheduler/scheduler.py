@@ -1,0 +1,468 @@
+"""The scheduler process: continuous batching over the radix cache.
+
+Data flow of one iteration (`event_loop`):
+    recv: GenerateReq -> validated `Req` in `waiting`; AbortReq; ControlReq
+    -> `get_next_batch`: an EXTEND batch (a chunked prompt's next chunk first, then waiting
+       requests in policy order, admitted by `PrefillAdder`) if any request can be admitted,
+       else a DECODE batch of all running requests (retracting some back to `waiting` when the
+       KV pool cannot hold one more token for each)
+    -> `run_batch`: ForwardBatch -> ModelRunner -> logits -> sampler
+    -> `process_result`: append tokens, logprobs, stop checks; finished requests hand their KV to
+       the prefix cache; unfinished extended ones insert their prompt KV too (so it is shared)
+    -> `stream_outputs`: BatchTokenOut to the detokenizer (every `stream_interval` steps for
+       streaming requests, once at the end for the others).
+Runs in its own process, single-threaded; everything it owns (pools, cache, requests) is touched
+only from this loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from typing import Any
+
+import torch
+import zmq
+
+from radixlm.runtime import io
+from radixlm.runtime.errors import InvalidRequestError
+from radixlm.runtime.forward_batch import ForwardMode
+from radixlm.runtime.ipc import PortArgs, TypedReceiver, pull_socket, push_socket, send
+from radixlm.runtime.mem.radix_cache import make_prefix_cache
+from radixlm.runtime.model_runner import ModelRunner
+from radixlm.runtime.models.loader import resolve_model
+from radixlm.runtime.sampling.sampler import sample
+from radixlm.runtime.sampling.sampling_batch import SamplingBatch
+from radixlm.runtime.sampling.sampling_params import SamplingParams
+from radixlm.runtime.scheduler.policy import PrefillAdder, order_waiting
+from radixlm.runtime.scheduler.req import Req
+from radixlm.runtime.scheduler.schedule_batch import (
+    OutOfSlotsError,
+    ScheduleBatch,
+    input_logprobs,
+    prepare_decode,
+    prepare_extend,
+)
+from radixlm.runtime.server_args import ServerArgs
+from radixlm.runtime.tokenizer import load_server_tokenizer
+
+logger = logging.getLogger(__name__)
+
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = 0.1
+NEW_TOKEN_RATIO_DECAY = 0.001
+
+
+class Scheduler:
+    def __init__(self, args: ServerArgs, ports: PortArgs) -> None:
+        self.args = args
+        source = resolve_model(args.model_path, args.load_format)
+        self.runner = ModelRunner(args, source)
+        self.config = source.config
+        self.device = self.runner.device
+        self.tokenizer = load_server_tokenizer(args, source.gguf)
+        self.eos_ids = tuple(self.config.eos_token_id)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            self.eos_ids = tuple(dict.fromkeys((*self.eos_ids, self.tokenizer.eos_token_id)))
+        self.cache = make_prefix_cache(
+            args.disable_radix_cache, self.runner.req_to_token, self.runner.kv_pool.allocator
+        )
+        self.allocator = self.runner.kv_pool.allocator
+        self.context_len = self.runner.context_len
+        self.max_running = self.runner.max_running
+        self.chunk_size = args.chunked_prefill_size
+        if self.chunk_size is None:
+            self.chunk_size = 8192 if self.device.type == "cuda" else 2048
+        elif self.chunk_size == -1:
+            self.chunk_size = None
+        self.rng = random.Random(args.random_seed)
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.chunked_req: Req | None = None
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO * args.schedule_conservativeness
+        self.forward_ct = 0
+        self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0, "retracted": 0}
+        self.ctx = zmq.Context(2)
+        self.recv_sock = TypedReceiver(pull_socket(self.ctx, ports.scheduler_ipc), io.ToScheduler)
+        self.detok_sock = push_socket(self.ctx, ports.detokenizer_ipc)
+        self.tokenizer_sock = push_socket(self.ctx, ports.tokenizer_ipc)
+        self.pending_outputs: list[io.ReqOut] = []
+
+    # ---- info ----------------------------------------------------------------------------------
+    def info(self) -> dict[str, Any]:
+        cfg = self.config
+        return {
+            "max_total_num_tokens": self.allocator.capacity,
+            "max_running_requests": self.max_running,
+            "context_length": self.context_len,
+            "chunked_prefill_size": self.chunk_size or -1,
+            "device": str(self.device),
+            "dtype": str(self.runner.dtype).replace("torch.", ""),
+            "attention_backend": type(self.runner.attn).__name__,
+            "vocab_size": cfg.vocab_size,
+            "eos_token_ids": list(self.eos_ids),
+            "architecture": cfg.architecture,
+            "num_layers": cfg.num_hidden_layers,
+            "hidden_size": cfg.hidden_size,
+        }
+
+    def load_info(self) -> dict[str, Any]:
+        return {
+            "num_waiting": len(self.waiting),
+            "num_running": len(self.running) + (self.chunked_req is not None),
+            "free_slots": self.allocator.available(),
+            "evictable_slots": self.cache.evictable_size(),
+            "protected_slots": self.cache.protected_size(),
+            "capacity": self.allocator.capacity,
+            "new_token_ratio": self.new_token_ratio,
+            "forward_ct": self.forward_ct,
+            **self.stats,
+        }
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running and self.chunked_req is None
+
+    # ---- loop ----------------------------------------------------------------------------------
+    def event_loop(self) -> None:
+        while True:
+            if self.idle and not self.pending_outputs:
+                self.recv_sock.poll(1000)
+            for msg in self.recv_sock.recv_all():
+                self.handle(msg)
+            batch = self.get_next_batch()
+            if batch is not None:
+                self.run_batch(batch)
+            self.stream_outputs()
+
+    def handle(self, msg: Any) -> None:
+        if isinstance(msg, io.GenerateReq):
+            self.add_request(msg)
+        elif isinstance(msg, io.AbortReq):
+            self.abort(msg.rid)
+        elif isinstance(msg, io.ControlReq):
+            send(self.tokenizer_sock, self.control(msg))
+
+    def add_request(self, msg: io.GenerateReq) -> None:
+        try:
+            sp = SamplingParams.from_dict(msg.sampling_params, self.config.vocab_size)
+            self.validate(msg, sp)
+        except InvalidRequestError as exc:
+            # NOTE: the tokenizer manager validates first; this is the last line of defence.
+            self.emit_error(msg.rid, len(msg.input_ids), str(exc))
+            return
+        req = Req(
+            msg.rid,
+            list(msg.input_ids),
+            sp,
+            eos_ids=self.eos_ids,
+            seed=self.rng.getrandbits(63),
+            return_logprob=msg.return_logprob,
+            logprob_start_len=msg.logprob_start_len,
+            top_logprobs_num=msg.top_logprobs_num,
+            stream=msg.stream,
+            arrival_time=msg.arrival_time,
+        )
+        self.waiting.append(req)
+
+    def validate(self, msg: io.GenerateReq, sp: SamplingParams) -> None:
+        n = len(msg.input_ids)
+        if n == 0:
+            raise InvalidRequestError("the prompt is empty", "input_ids")
+        if any(not 0 <= t < self.config.vocab_size for t in msg.input_ids):
+            raise InvalidRequestError("input_ids holds ids outside the vocabulary", "input_ids")
+        if n + sp.max_new_tokens > self.context_len:
+            raise InvalidRequestError(
+                f"prompt ({n} tokens) + max_new_tokens ({sp.max_new_tokens}) exceeds the context "
+                f"length {self.context_len}",
+                "max_new_tokens",
+            )
+        if n + sp.max_new_tokens > self.allocator.capacity:
+            raise InvalidRequestError(
+                f"prompt + max_new_tokens ({n + sp.max_new_tokens}) exceeds the KV pool "
+                f"({self.allocator.capacity} tokens)",
+                "max_new_tokens",
+            )
+        if sp.stop and self.tokenizer is None:
+            raise InvalidRequestError("stop strings need a tokenizer (skip_tokenizer_init)", "stop")
+        if sp.constraint is not None:
+            raise InvalidRequestError(
+                f"constrained decoding ({sp.constraint[0]}) is not available in this build",
+                sp.constraint[0],
+            )
+
+    def abort(self, rid: str) -> None:
+        for req in list(self.waiting):
+            if rid in ("", req.rid):
+                self.waiting.remove(req)
+                req.abort("aborted")
+                self.pending_outputs.append(self.make_output(req))
+        for req in [*self.running, *([self.chunked_req] if self.chunked_req else [])]:
+            if rid in ("", req.rid):
+                req.abort("aborted")  # freed when the next batch result is processed
+
+    def control(self, msg: io.ControlReq) -> io.ControlResp:
+        if msg.kind == "get_info":
+            return io.ControlResp(msg.token, True, {**self.info(), **self.load_info()})
+        if msg.kind == "flush_cache":
+            if not self.idle:
+                return io.ControlResp(msg.token, False, error="cannot flush while requests run")
+            self.cache.reset()
+            self.allocator.clear()
+            return io.ControlResp(msg.token, True)
+        if msg.kind == "check_invariants":
+            if not self.idle:
+                return io.ControlResp(msg.token, False, error="requests are running")
+            try:
+                self.cache.check_idle_invariant()
+                if self.runner.req_to_token.available() != self.runner.req_to_token.size:
+                    raise AssertionError("req_to_token rows leaked")
+            except AssertionError as exc:
+                return io.ControlResp(msg.token, False, error=str(exc))
+            return io.ControlResp(msg.token, True, self.load_info())
+        return io.ControlResp(msg.token, False, error=f"unknown control request {msg.kind!r}")
+
+    # ---- batching ------------------------------------------------------------------------------
+    def get_next_batch(self) -> ScheduleBatch | None:
+        self.drop_aborted_running()
+        extend = self.get_extend_batch()
+        if extend is not None:
+            return extend
+        if not self.running:
+            self.new_token_ratio = INIT_NEW_TOKEN_RATIO * self.args.schedule_conservativeness
+            return None
+        return ScheduleBatch(list(self.running), ForwardMode.DECODE)
+
+    def drop_aborted_running(self) -> None:
+        dropped = [r for r in self.running if r.finished]
+        if self.chunked_req is not None and self.chunked_req.finished:
+            dropped.append(self.chunked_req)
+            self.chunked_req = None
+        for req in dropped:
+            if req in self.running:
+                self.running.remove(req)
+            self.release(req)
+            self.queue_output(req)
+
+    def get_extend_batch(self) -> ScheduleBatch | None:
+        if not self.waiting and self.chunked_req is None:
+            return None
+        adder = PrefillAdder(
+            self.cache,
+            self.running,
+            self.new_token_ratio,
+            self.args.max_prefill_tokens,
+            self.chunk_size,
+            self.max_running,
+        )
+        if self.chunked_req is not None:
+            adder.add_chunked(self.chunked_req)
+        if self.waiting:
+            order_waiting(self.waiting, self.args.schedule_policy, self.cache)
+            share_check = self.args.schedule_policy == "lpm" and not self.args.disable_radix_cache
+            for req in list(self.waiting):
+                if not adder.add(req, share_check):
+                    break
+        if not adder.admitted:
+            return None
+        for req in adder.admitted:
+            if not req.counted:
+                req.counted = True
+                self.stats["prompt_tokens"] += len(req.origin_input_ids)
+                self.stats["cached_tokens"] += req.cached_tokens
+        admitted = set(map(id, adder.admitted))
+        self.waiting = [r for r in self.waiting if id(r) not in admitted]
+        self.chunked_req = adder.new_chunked
+        return ScheduleBatch(adder.admitted, ForwardMode.EXTEND)
+
+    def retract_for_decode(self) -> None:
+        """Move requests back to `waiting` until every remaining one can take one more token."""
+        order = sorted(self.running, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)))
+        while len(self.running) > 1:
+            if self.allocator.available() + self.cache.evictable_size() >= len(self.running):
+                break
+            victim = order.pop(0)
+            self.running.remove(victim)
+            self.cache.cache_finished_req(victim)
+            victim.req_pool_idx = None
+            victim.prefix_slots = torch.empty(0, dtype=torch.int64)
+            victim.last_node = None
+            victim.computed = 0
+            victim.times_retracted += 1
+            self.waiting.insert(0, victim)
+            self.stats["retracted"] += 1
+        self.new_token_ratio = 1.0
+
+    # ---- forward -------------------------------------------------------------------------------
+    def run_batch(self, batch: ScheduleBatch) -> None:
+        if batch.mode == ForwardMode.DECODE:
+            if self.allocator.available() + self.cache.evictable_size() < len(batch.reqs):
+                self.retract_for_decode()
+                batch = ScheduleBatch(list(self.running), ForwardMode.DECODE)
+            try:
+                fb = prepare_decode(batch, self.allocator, self.cache, self.device)
+            except OutOfSlotsError:  # a single request filled the pool: it cannot grow
+                for req in batch.reqs:
+                    req.finished_reason = {"type": "length", "length": len(req.output_ids)}
+                self.finish_decode(batch)
+                return
+        else:
+            fb = prepare_extend(batch, self.allocator, self.cache, self.device)
+        hidden = self.runner.forward(fb)
+        self.forward_ct += 1
+        sampling = batch.sampling_reqs
+        lp_results = input_logprobs(hidden, batch, self.runner.compute_logits) if batch.lp_rows else []
+        next_ids = logprobs = top = None
+        if sampling:
+            rows = torch.tensor([r for r in batch.sample_rows if r >= 0], device=hidden.device)
+            logits = self.runner.compute_logits(hidden.index_select(0, rows))
+            sb = SamplingBatch.from_reqs(sampling, self.config.vocab_size, self.device)
+            want_lp = any(r.return_logprob for r in sampling)
+            top_n = max((r.top_logprobs_num for r in sampling), default=0)
+            out = sample(logits, sb, want_lp, top_n)
+            next_ids = out.next_token_ids.tolist()
+            logprobs = out.logprobs.tolist() if out.logprobs is not None else None
+            if out.top_logprobs is not None:
+                top = [list(zip(v, i)) for v, i in zip(*(t.tolist() for t in out.top_logprobs))]
+        for (i, _, _, _), (values, tops) in zip(batch.lp_rows, lp_results):
+            req = batch.reqs[i]
+            if not req.input_logprobs:
+                req.input_logprobs = [None] if req.logprob_start_len == 0 else []
+            req.input_logprobs.extend(values)
+            if tops is not None:
+                if not req.input_top:
+                    req.input_top = [None] if req.logprob_start_len == 0 else []
+                req.input_top.extend(tops)
+        for req in batch.reqs:
+            req.computed += req.extend_len
+            if not req.input_logprobs_done and req.computed >= len(req.origin_input_ids):
+                req.input_logprobs_done = True
+        if next_ids is not None:
+            for k, req in enumerate(sampling):
+                self.append_token(req, next_ids[k], logprobs, top, k)
+        if batch.mode == ForwardMode.DECODE:
+            self.finish_decode(batch)
+            self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+        else:
+            self.finish_extend(batch)
+
+    def append_token(self, req: Req, token: int, logprobs, top, k: int) -> None:
+        if req.finished:  # aborted meanwhile
+            return
+        if req.sampling_params.max_new_tokens == 0 and not req.output_ids:
+            req.finished_reason = {"type": "length", "length": 0}
+            return
+        req.output_ids.append(token)
+        self.stats["generated_tokens"] += 1
+        if req.return_logprob and logprobs is not None:
+            req.output_logprobs.append(logprobs[k])
+            if req.top_logprobs_num and top is not None:
+                req.output_top.append(top[k][: req.top_logprobs_num])
+        req.check_finished(self.tokenizer, self.context_len)
+
+    def finish_extend(self, batch: ScheduleBatch) -> None:
+        for req in batch.reqs:
+            if req is self.chunked_req and not req.finished:
+                self.cache.cache_unfinished_req(req)  # its next chunk goes first next round
+                continue
+            req.is_chunked = False
+            if req.finished:
+                self.release(req)
+            else:
+                self.cache.cache_unfinished_req(req)
+                self.running.append(req)
+            self.queue_output(req)
+
+    def finish_decode(self, batch: ScheduleBatch) -> None:
+        for req in batch.reqs:
+            if req.finished:
+                if req in self.running:
+                    self.running.remove(req)
+                self.release(req)
+            self.queue_output(req)
+
+    def release(self, req: Req) -> None:
+        """Hand a finished request's KV to the prefix cache and free its row."""
+        if req.req_pool_idx is not None:
+            self.cache.cache_finished_req(req)
+            req.req_pool_idx = None
+
+    # ---- outputs -------------------------------------------------------------------------------
+    def queue_output(self, req: Req) -> None:
+        due = req.finished or (
+            req.stream and (len(req.output_ids) - req.sent_ids) >= self.args.stream_interval
+        )
+        if due or (req.stream and not req.first_sent and req.output_ids):
+            self.pending_outputs.append(self.make_output(req))
+
+    def make_output(self, req: Req) -> io.ReqOut:
+        new_ids = req.output_ids[req.sent_ids :]
+        out = io.ReqOut(
+            rid=req.rid,
+            new_ids=new_ids,
+            finished=req.finished,
+            finish_reason=req.finished_reason,
+            prompt_tokens=len(req.origin_input_ids),
+            completion_tokens=len(req.output_ids),
+            cached_tokens=req.cached_tokens,
+        )
+        if req.return_logprob:
+            out.output_logprobs = req.output_logprobs[req.sent_ids :]
+            if req.top_logprobs_num:
+                out.output_top = req.output_top[req.sent_ids :]
+            if req.input_logprobs_done and req.sent_input_logprobs == 0 and req.logprob_start_len >= 0:
+                out.input_logprobs = req.input_logprobs
+                out.input_ids = req.origin_input_ids[req.logprob_start_len :]
+                if req.top_logprobs_num:
+                    out.input_top = req.input_top
+                req.sent_input_logprobs = len(req.input_logprobs) or 1
+        if not req.first_sent:
+            sp = req.sampling_params
+            out.stop = sp.stop
+            out.skip_special_tokens = sp.skip_special_tokens
+            out.spaces_between_special_tokens = sp.spaces_between_special_tokens
+            out.no_stop_trim = sp.no_stop_trim
+            req.first_sent = True
+        req.sent_ids = len(req.output_ids)
+        return out
+
+    def emit_error(self, rid: str, prompt_tokens: int, message: str) -> None:
+        self.pending_outputs.append(
+            io.ReqOut(
+                rid=rid,
+                new_ids=[],
+                finished=True,
+                finish_reason={"type": "abort", "message": message, "status_code": 400},
+                prompt_tokens=prompt_tokens,
+                completion_tokens=0,
+                cached_tokens=0,
+            )
+        )
+
+    def stream_outputs(self) -> None:
+        if self.pending_outputs:
+            send(self.detok_sock, io.BatchTokenOut(self.pending_outputs))
+            self.pending_outputs = []
+
+
+def run_scheduler_process(args: ServerArgs, ports: PortArgs, pipe: Any) -> None:
+    """Entry point of the scheduler process (started with the spawn method)."""
+    from radixlm.runtime.process_utils import configure_child_process
+
+    configure_child_process("scheduler", args.log_level)
+    try:
+        scheduler = Scheduler(args, ports)
+    except Exception as exc:
+        logger.exception("scheduler failed to start")
+        pipe.send({"status": "error", "error": f"{type(exc).__name__}: {exc}"})
+        raise SystemExit(1) from exc
+    pipe.send({"status": "ready", "info": scheduler.info(), "pid": os.getpid()})
+    try:
+        scheduler.event_loop()
+    except Exception as exc:
+        logger.exception("scheduler crashed")
+        send(scheduler.tokenizer_sock, io.SchedulerDied(f"{type(exc).__name__}: {exc}"))
+        time.sleep(0.2)
+        raise SystemExit(1) from exc

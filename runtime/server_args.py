@@ -1,0 +1,132 @@
+"""`ServerArgs`: every knob of the engine and server, with SGLang's names where one exists.
+
+Frozen once built; `Engine(**kwargs)` and `radixlm serve --flags` both end up here. Unknown names
+raise a TypeError naming them; invalid values raise `InvalidRequestError` naming the field.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, fields
+from typing import Any
+
+from radixlm.runtime.errors import InvalidRequestError
+
+SCHEDULE_POLICIES = ("lpm", "fcfs", "random", "lof")
+LOAD_FORMATS = ("auto", "gguf", "safetensors", "dummy")
+DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16", "half", "float")
+ATTENTION_BACKENDS = ("torch", "triton")
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    # ---- model ----
+    model_path: str | None = None  # None: the default SmolLM2-135M-Instruct GGUF
+    tokenizer_path: str | None = None
+    load_format: str = "auto"
+    dtype: str = "auto"  # auto: float32 on CPU, the checkpoint's half type (or bf16) on GPU
+    device: str | None = None  # None: cuda when available, else cpu
+    context_length: int | None = None
+    skip_tokenizer_init: bool = False
+    served_model_name: str | None = None
+    random_seed: int | None = None
+    # ---- memory and scheduling ----
+    mem_fraction_static: float | None = None  # GPU: fraction of device memory for weights + KV
+    max_total_tokens: int | None = None  # KV pool size in tokens (CPU default: 65536)
+    max_running_requests: int | None = None
+    max_queued_requests: int | None = None
+    max_prefill_tokens: int = 16384
+    chunked_prefill_size: int | None = None  # None: 8192 on GPU, 2048 on CPU; -1 disables
+    schedule_policy: str = "lpm"
+    schedule_conservativeness: float = 1.0
+    disable_radix_cache: bool = False
+    stream_interval: int = 1
+    # ---- kernels ----
+    attention_backend: str | None = None  # None: triton on GPU, torch on CPU
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int | None = None
+    num_threads: int | None = None  # CPU: torch intra-op threads (None: all cores)
+    # ---- constrained decoding ----
+    grammar_backend: str = "outlines"
+    disable_jump_forward: bool = False
+    grammar_compile_timeout: float = 30.0
+    grammar_cache_dir: str | None = None
+    constrained_json_whitespace_pattern: str | None = None
+    # ---- server ----
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None
+    log_level: str = "info"
+    log_requests: bool = True
+    enable_metrics: bool = True
+    request_timeout: float | None = None  # seconds per request (None: no limit)
+    queue_timeout: float | None = None  # seconds a request may wait before it starts
+    max_request_body_bytes: int = 8 * 1024 * 1024
+    shutdown_timeout: float = 30.0
+    watchdog_timeout: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.load_format not in LOAD_FORMATS:
+            raise InvalidRequestError(f"load_format must be one of {LOAD_FORMATS}", "load_format")
+        if self.dtype not in DTYPES:
+            raise InvalidRequestError(f"dtype must be one of {DTYPES}", "dtype")
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise InvalidRequestError(
+                f"schedule_policy must be one of {SCHEDULE_POLICIES}", "schedule_policy"
+            )
+        if self.attention_backend not in (None, *ATTENTION_BACKENDS):
+            raise InvalidRequestError(
+                f"attention_backend must be one of {ATTENTION_BACKENDS}", "attention_backend"
+            )
+        if self.mem_fraction_static is not None and not 0.05 <= self.mem_fraction_static <= 0.99:
+            raise InvalidRequestError("mem_fraction_static must be in [0.05, 0.99]", "mem_fraction_static")
+        for name in ("max_total_tokens", "max_running_requests", "max_queued_requests", "context_length"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise InvalidRequestError(f"{name} must be a positive integer", name)
+        if self.chunked_prefill_size is not None and self.chunked_prefill_size != -1 and (
+            self.chunked_prefill_size < 1
+        ):
+            raise InvalidRequestError("chunked_prefill_size must be >= 1 or -1", "chunked_prefill_size")
+        if self.stream_interval < 1:
+            raise InvalidRequestError("stream_interval must be >= 1", "stream_interval")
+        if not 0 < self.port < 65536:
+            raise InvalidRequestError("port must be in 1..65535", "port")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> ServerArgs:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise TypeError(f"unknown engine argument(s): {', '.join(unknown)}")
+        return cls(**kwargs)
+
+    def replace(self, **changes: Any) -> ServerArgs:
+        return dataclasses.replace(self, **changes)
+
+    # ---- CLI ----------------------------------------------------------------------------------
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        """One `--kebab-case` flag per field (bools are store_true flags)."""
+        for f in fields(ServerArgs):
+            flag = "--" + f.name.replace("_", "-")
+            default = f.default
+            if isinstance(default, bool):
+                parser.add_argument(flag, action="store_true", default=default)
+                continue
+            kind = _cli_type(f.type)
+            parser.add_argument(flag, type=kind, default=default, metavar=f.name.upper())
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> ServerArgs:
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
+def _cli_type(annotation: Any) -> type:
+    text = str(annotation)
+    if "float" in text:
+        return float
+    if "int" in text:
+        return int
+    return str

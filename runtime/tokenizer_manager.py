@@ -1,0 +1,343 @@
+"""`TokenizerManager`: the front of the runtime, in the user's process (Engine) or the server.
+
+It validates and tokenizes requests, sends them to the scheduler, and turns the detokenizer's
+text deltas back into results and stream chunks.
+
+Threading: every method runs on one asyncio event loop (the Engine's background loop thread, or
+the server's uvicorn loop); nothing here is thread-safe. Ownership: a `ReqState` exists from
+`send` until the request finishes; the receive loop is the only writer of its fields.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from radixlm.runtime import io
+from radixlm.runtime.errors import (
+    EngineDeadError,
+    InvalidRequestError,
+    QueueFullError,
+    RequestAbortedError,
+)
+from radixlm.runtime.ipc import PortArgs, TypedReceiver, send
+from radixlm.runtime.sampling.sampling_params import SamplingParams
+from radixlm.runtime.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ReqState:
+    rid: str
+    prompt_ids: list[int]
+    return_text_in_logprobs: bool
+    text: str = ""
+    output_ids: list[int] = field(default_factory=list)
+    finished: bool = False
+    out: io.ReqOut | None = None
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    created: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    output_logprobs: list[float] = field(default_factory=list)
+    output_top: list[Any] = field(default_factory=list)
+    input_logprobs: list[Any] | None = None
+    input_logprob_ids: list[int] | None = None
+    input_top: list[Any] | None = None
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class GenerateInput:
+    """One normalised single request (batches and n > 1 are expanded before this)."""
+
+    text: str | None = None
+    input_ids: list[int] | None = None
+    sampling_params: dict[str, Any] | None = None
+    rid: str | None = None
+    return_logprob: bool = False
+    logprob_start_len: int | None = None
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+
+
+class TokenizerManager:
+    def __init__(
+        self,
+        args: ServerArgs,
+        ports: PortArgs,
+        tokenizer: Any,
+        scheduler_info: dict[str, Any],
+        is_alive: Callable[[], str] | None = None,
+    ) -> None:
+        self.args = args
+        self.tokenizer = tokenizer
+        self.info = scheduler_info
+        self.context_len = int(scheduler_info["context_length"])
+        self.max_total_tokens = int(scheduler_info["max_total_num_tokens"])
+        self.vocab_size = int(scheduler_info["vocab_size"])
+        self.ctx = zmq.asyncio.Context(1)
+        self.recv_sock = self.ctx.socket(zmq.PULL)
+        self.recv_sock.setsockopt(zmq.LINGER, 0)
+        self.recv_sock.bind(ports.tokenizer_ipc)
+        self.send_sock = self.ctx.socket(zmq.PUSH)
+        self.send_sock.setsockopt(zmq.LINGER, 0)
+        self.send_sock.connect(ports.scheduler_ipc)
+        self.decoder = TypedReceiver(self.recv_sock, io.ToTokenizer)
+        self.states: dict[str, ReqState] = {}
+        self.control_futures: dict[int, asyncio.Future] = {}
+        self.control_tokens = itertools.count()
+        self.dead: str | None = None
+        self.is_alive = is_alive
+        self.listeners: list[Callable[[ReqState], None]] = []  # metrics/logging hooks on finish
+        self._tasks: list[asyncio.Task] = []
+
+    def start(self) -> None:
+        """Start the receive and watchdog tasks on the running loop."""
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._recv_loop()), loop.create_task(self._watchdog())]
+
+    async def close(self) -> None:
+        self.dead = self.dead or "the engine is shut down"
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for state in self.states.values():
+            state.error = RequestAbortedError("the engine is shut down")
+            state.event.set()
+        self.recv_sock.close()
+        self.send_sock.close()
+        self.ctx.term()
+
+    # ---- requests ------------------------------------------------------------------------------
+    def validate(self, req: GenerateInput) -> tuple[list[int], SamplingParams]:
+        if self.dead:
+            raise EngineDeadError(self.dead)
+        sp = SamplingParams.from_dict(req.sampling_params, self.vocab_size)
+        if req.input_ids is not None:
+            ids = req.input_ids
+            if not isinstance(ids, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in ids
+            ):
+                raise InvalidRequestError("input_ids must be a list of integers", "input_ids")
+            if any(not 0 <= t < self.vocab_size for t in ids):
+                raise InvalidRequestError(
+                    f"input_ids must be within [0, {self.vocab_size})", "input_ids"
+                )
+        elif req.text is not None:
+            if not isinstance(req.text, str):
+                raise InvalidRequestError("text must be a string", "text")
+            if self.tokenizer is None:
+                raise InvalidRequestError("text prompts need a tokenizer (skip_tokenizer_init)", "text")
+            ids = self.tokenizer.encode(req.text)
+        else:
+            raise InvalidRequestError("one of text or input_ids is required", "text")
+        if not ids:
+            raise InvalidRequestError("the prompt is empty", "text")
+        limit = min(self.context_len, self.max_total_tokens)
+        if len(ids) + sp.max_new_tokens > limit:
+            raise InvalidRequestError(
+                f"the prompt has {len(ids)} tokens and max_new_tokens is {sp.max_new_tokens}: "
+                f"together they exceed the limit of {limit} tokens",
+                "max_new_tokens" if len(ids) < limit else "text",
+            )
+        if sp.stop and self.tokenizer is None:
+            raise InvalidRequestError("stop strings need a tokenizer (skip_tokenizer_init)", "stop")
+        lsl = req.logprob_start_len
+        if lsl is not None and (not isinstance(lsl, int) or lsl < -1 or lsl >= len(ids)):
+            raise InvalidRequestError(
+                f"logprob_start_len must be in [-1, {len(ids) - 1}] for this prompt", "logprob_start_len"
+            )
+        top = req.top_logprobs_num
+        if not isinstance(top, int) or not 0 <= top <= 64:
+            raise InvalidRequestError("top_logprobs_num must be in [0, 64]", "top_logprobs_num")
+        return ids, sp
+
+    def _check_queue(self) -> None:
+        limit = self.args.max_queued_requests
+        if limit is not None and len(self.states) >= limit:
+            raise QueueFullError(f"too many requests in flight (max_queued_requests={limit})")
+
+    async def generate(self, req: GenerateInput) -> AsyncIterator[dict[str, Any]]:
+        """Run one request; yields stream chunks (cumulative text), the last one final. Without
+        `stream`, yields the final result only."""
+        ids, sp = self.validate(req)
+        self._check_queue()
+        rid = req.rid or uuid.uuid4().hex
+        if rid in self.states:
+            raise InvalidRequestError(f"duplicate request id {rid!r}", "rid")
+        state = ReqState(rid, ids, req.return_text_in_logprobs)
+        self.states[rid] = state
+        lsl = req.logprob_start_len
+        if req.return_logprob and lsl is None:
+            lsl = len(ids) - 1  # SGLang's default: no input logprobs beyond the last position
+        msg = io.GenerateReq(
+            rid=rid,
+            input_ids=ids,
+            sampling_params=sp.to_dict(),
+            return_logprob=req.return_logprob,
+            logprob_start_len=lsl if req.return_logprob else -1,
+            top_logprobs_num=req.top_logprobs_num if req.return_logprob else 0,
+            stream=req.stream,
+            arrival_time=time.time(),
+        )
+        timeout = self.args.request_timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        send(self.send_sock, msg)  # type: ignore[arg-type]
+        try:
+            while True:
+                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    await asyncio.wait_for(state.event.wait(), wait)
+                except asyncio.TimeoutError:
+                    self.abort(rid)
+                    raise RequestAbortedError(
+                        f"request {rid} timed out after {timeout} s (request_timeout)"
+                    ) from None
+                state.event.clear()
+                if state.error is not None:
+                    raise state.error
+                if state.finished:
+                    yield self._result(state)
+                    return
+                if req.stream:
+                    yield self._result(state)
+        finally:
+            if not state.finished:
+                self.abort(rid)  # the caller went away (disconnect, cancel, Ctrl-C)
+            self.states.pop(rid, None)
+
+    def abort(self, rid: str) -> None:
+        if self.dead:
+            return
+        send(self.send_sock, io.AbortReq(rid))  # type: ignore[arg-type]
+
+    async def control(self, kind: str, timeout: float = 30.0) -> io.ControlResp:
+        if self.dead:
+            raise EngineDeadError(self.dead)
+        token = next(self.control_tokens)
+        fut = asyncio.get_running_loop().create_future()
+        self.control_futures[token] = fut
+        send(self.send_sock, io.ControlReq(kind, token))  # type: ignore[arg-type]
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self.control_futures.pop(token, None)
+
+    # ---- results -------------------------------------------------------------------------------
+    def _result(self, state: ReqState) -> dict[str, Any]:
+        out = state.out
+        assert out is not None
+        meta: dict[str, Any] = {
+            "id": state.rid,
+            "finish_reason": _public_reason(out.finish_reason) if state.finished else None,
+            "prompt_tokens": out.prompt_tokens,
+            "completion_tokens": len(state.output_ids),
+            "cached_tokens": out.cached_tokens,
+            "e2e_latency": time.perf_counter() - state.created,
+        }
+        if state.input_logprobs is not None or state.output_logprobs:
+            meta.update(self._logprob_meta(state))
+        return {"text": state.text, "output_ids": list(state.output_ids), "meta_info": meta}
+
+    def _logprob_meta(self, state: ReqState) -> dict[str, Any]:
+        with_text = state.return_text_in_logprobs and self.tokenizer is not None
+
+        def text(tid: int) -> str | None:
+            return self.tokenizer.decode([tid]) if with_text else None
+
+        def triples(values: list, ids: list[int]) -> list[tuple]:
+            return [(v, t, text(t)) for v, t in zip(values, ids)]
+
+        def tops(rows: list | None) -> list:
+            return [None if row is None else [(v, t, text(t)) for v, t in row] for row in rows or []]
+
+        return {
+            "input_token_logprobs": triples(state.input_logprobs or [], state.input_logprob_ids or []),
+            "output_token_logprobs": triples(state.output_logprobs, state.output_ids),
+            "input_top_logprobs": tops(state.input_top),
+            "output_top_logprobs": tops(state.output_top),
+        }
+
+    async def _recv_loop(self) -> None:
+        while True:
+            frame = await self.recv_sock.recv()
+            try:
+                msg = self.decoder.decode(frame)
+            except ValueError:
+                logger.exception("dropping a malformed message")
+                continue
+            if isinstance(msg, io.BatchTextOut):
+                for out in msg.outs:
+                    self._on_output(out)
+            elif isinstance(msg, io.ControlResp):
+                fut = self.control_futures.get(msg.token)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+            elif isinstance(msg, io.SchedulerDied):
+                self._mark_dead(f"the scheduler crashed: {msg.error}")
+
+    def _on_output(self, t: io.TextOut) -> None:
+        state = self.states.get(t.rid)
+        if state is None:
+            return  # aborted and forgotten
+        out = t.out
+        now = time.perf_counter()
+        if t.new_ids:
+            state.first_token_time = state.first_token_time or now
+            state.last_token_time = now
+        state.text += t.text_delta
+        state.output_ids.extend(t.new_ids)
+        if out.output_logprobs is not None:
+            state.output_logprobs.extend(out.output_logprobs)
+        if out.output_top is not None:
+            state.output_top.extend(out.output_top)
+        if out.input_logprobs is not None:
+            state.input_logprobs = out.input_logprobs
+            state.input_logprob_ids = out.input_ids
+            state.input_top = out.input_top
+        state.out = out
+        if out.finished:
+            state.finished = True
+            reason = out.finish_reason or {}
+            if reason.get("type") == "abort" and reason.get("status_code") == 400:
+                state.error = InvalidRequestError(reason.get("message", "invalid request"))
+            for listener in self.listeners:
+                listener(state)
+        state.event.set()
+
+    async def _watchdog(self) -> None:
+        while self.dead is None:
+            await asyncio.sleep(0.5)
+            reason = self.is_alive() if self.is_alive else ""
+            if reason:
+                self._mark_dead(reason)
+
+    def _mark_dead(self, reason: str) -> None:
+        if self.dead:
+            return
+        self.dead = reason
+        logger.error("engine is dead: %s", reason)
+        for state in self.states.values():
+            state.error = EngineDeadError(reason)
+            state.event.set()
+        for fut in self.control_futures.values():
+            if not fut.done():
+                fut.set_exception(EngineDeadError(reason))
+
+
+def _public_reason(reason: dict[str, Any] | None) -> dict[str, Any] | None:
+    if reason is None:
+        return None
+    return {k: v for k, v in reason.items() if k != "status_code"}

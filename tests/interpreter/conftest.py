@@ -1,0 +1,128 @@
+"""Fixtures of the interpreter tests.
+
+- `FakeBackend`: a tiny deterministic in-memory backend, ONLY for unit tests of the interpreter's
+  own mechanics (ordering, forks, errors, streaming plumbing, HTML). Program-level tests use the
+  real Engine (project rule: no mocks of our own runtime where the real one can run).
+- `engine`: one real `radixlm.Engine` (default model, CPU) shared by every program test of the
+  session; `backend`: the backends programs are tested through (parametrized, so adding
+  `RuntimeEndpoint` against `radixlm serve` is one more param).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from radixlm.interpreter.backend import Backend
+from radixlm.lang.chat_template import ChatTemplate, from_jinja
+from radixlm.lang.choices import ChoicesDecision
+from radixlm.lang.sampling import SamplingParams
+
+SMOLLM2_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    "<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% endif %}"
+)
+
+
+class FakeBackend(Backend):
+    """Deterministic backend for interpreter-mechanics tests (see the module docstring).
+
+    `reply(text, params)` gives each completion (default: "<n>" with n = number of generate calls
+    so far); `select` picks `pick(choices)` (default: the last); `fail(text, params)` may raise.
+    Every call is recorded in `calls` as (method, text, detail).
+    """
+
+    def __init__(
+        self,
+        reply: Callable[[str, SamplingParams], str] | None = None,
+        pick: Callable[[Sequence[str]], str] | None = None,
+        fail: Callable[[str, SamplingParams], None] | None = None,
+        delay: float = 0.0,
+        template: ChatTemplate | None = None,
+    ) -> None:
+        self.reply = reply
+        self.pick = pick or (lambda choices: choices[-1])
+        self.fail = fail
+        self.delay = delay
+        self.calls: list[tuple[str, str, Any]] = []
+        self._lock = threading.Lock()
+        self._template = template or from_jinja(SMOLLM2_TEMPLATE, eos_token="<|im_end|>")
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        return self._template
+
+    def _record(self, method: str, text: str, detail: Any) -> int:
+        with self._lock:
+            self.calls.append((method, text, detail))
+            return sum(1 for c in self.calls if c[0] in ("generate", "generate_stream"))
+
+    def generate(self, text: str, params: SamplingParams) -> tuple[str, dict[str, Any]]:
+        n = self._record("generate", text, params)
+        if self.fail is not None:
+            self.fail(text, params)
+        time.sleep(self.delay)
+        out = self.reply(text, params) if self.reply else f"<{n}>"
+        return out, {"prompt_tokens": len(text), "completion_tokens": len(out), "cached_tokens": 0}
+
+    def generate_stream(
+        self, text: str, params: SamplingParams
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        n = self._record("generate_stream", text, params)
+        if self.fail is not None:
+            self.fail(text, params)
+        out = self.reply(text, params) if self.reply else f"<{n}>"
+        for i, ch in enumerate(out):
+            time.sleep(self.delay)
+            yield ch, {"completion_tokens": i + 1}
+
+    def select(self, text, choices, temperature, choices_method) -> ChoicesDecision:
+        self._record("select", text, tuple(choices))
+        return ChoicesDecision(self.pick(choices), {"method": choices_method.name})
+
+    def cache_prefix(self, text: str) -> None:
+        self._record("cache_prefix", text, None)
+
+
+@pytest.fixture
+def fake() -> FakeBackend:
+    return FakeBackend()
+
+
+@pytest.fixture
+def make_fake() -> Callable[..., FakeBackend]:
+    return FakeBackend
+
+
+_ENGINE_MODULE = Path(__file__).resolve().parents[2] / "runtime" / "engine.py"
+
+
+@pytest.fixture(scope="session")
+def engine():
+    """One real Engine (default model, CPU) for all program tests of the session."""
+    if not _ENGINE_MODULE.exists():
+        pytest.skip("radixlm.runtime.engine does not exist yet")
+    from radixlm.runtime.engine import Engine
+
+    e = Engine()
+    yield e
+    e.shutdown()
+
+
+# NOTE: adding the HTTP backend is one param here ("endpoint": RuntimeEndpoint against a
+# session-scoped `radixlm serve`), and every program test runs through it too.
+@pytest.fixture(scope="module", params=["engine"])
+def backend(request, engine):
+    from radixlm.interpreter.engine_backend import EngineBackend
+
+    if request.param == "engine":
+        return EngineBackend(engine)
+    raise AssertionError(request.param)

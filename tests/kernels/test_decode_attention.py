@@ -1,0 +1,132 @@
+"""Decode attention (split-KV, GQA-grouped Triton) against its torch reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixlm.kernels._triton import HAS_TRITON
+from radixlm.kernels.decode_attention import (
+    MAX_KV_SPLITS,
+    alloc_decode_workspace,
+    choose_num_kv_splits,
+    decode_attention,
+    decode_attention_fwd,
+    decode_attention_ref,
+    decode_workspace_numel,
+)
+from radixlm.kernels.extend_attention import extend_attention
+from radixlm.kernels.testing import assert_close, make_paged_batch
+
+needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+
+# Sequence lengths (incl. the new token): length 1, odd lengths, one ending mid-block, one longer
+# than a few blocks. seq_len = prefix + 1 since the pool already holds the new token.
+MIXED_LENS = [1, 37, 100, 64, 33]
+
+
+def _decode_batch(lens: list[int], heads: int, kv_heads: int, dim: int, dtype, device, seed=0):
+    return make_paged_batch(
+        [n - 1 for n in lens], [1] * len(lens), heads, kv_heads, dim, dtype, device, seed
+    )
+
+
+@needs_triton
+@pytest.mark.parametrize(
+    ("head_dim", "num_heads", "num_kv_heads", "dtype", "num_kv_splits"),
+    [
+        (64, 4, 4, torch.float32, None),  # MHA, heuristic splits
+        (128, 8, 2, torch.float16, 3),  # GQA 4
+        (80, 8, 1, torch.bfloat16, 4),  # GQA 8, non-power-of-2 head_dim
+        (64, 16, 2, torch.float32, 1),  # GQA 8, a single split
+        (64, 4, 1, torch.float32, MAX_KV_SPLITS),  # far more splits than blocks
+    ],
+)
+def test_decode_matches_reference(
+    device: str,
+    head_dim: int,
+    num_heads: int,
+    num_kv_heads: int,
+    dtype: torch.dtype,
+    num_kv_splits: int | None,
+) -> None:
+    batch = _decode_batch(MIXED_LENS, num_heads, num_kv_heads, head_dim, dtype, device)
+    args = batch.decode_args()
+    out = torch.full_like(batch.q, float("nan"))
+    decode_attention(*args, num_kv_splits=num_kv_splits, out=out)
+    assert_close(out, decode_attention_ref(*args), dtype, "decode attention")
+
+
+@needs_triton
+def test_decode_fwd_preallocated_workspace(device: str) -> None:
+    """The graph-safe entry: workspace for a larger batch, poisoned; a padding lane (seq_len 0)."""
+    lens = [9, 1, 70]
+    batch = _decode_batch(lens, 8, 2, 64, torch.float32, device, seed=7)
+    batch.seq_lens[1] = 0  # padding lane of a padded CUDA-graph batch: output must be zeros
+    args = batch.decode_args()
+    mid_o, mid_lse = alloc_decode_workspace(6, 8, 64, 5, device)
+    mid_o.fill_(float("nan"))
+    mid_lse.fill_(float("nan"))
+    out = torch.full_like(batch.q, float("nan"))
+    decode_attention_fwd(*args, out, mid_o, mid_lse, sm_scale=0.2)
+    expected = decode_attention_ref(*args, sm_scale=0.2)
+    assert torch.all(out[1] == 0)
+    assert_close(out, expected, torch.float32, "decode attention (preallocated)")
+
+
+@needs_triton
+def test_decode_equals_extend_of_one_token(device: str) -> None:
+    """Decode and extend-with-one-new-token are the same math on the same batch."""
+    batch = _decode_batch([5, 48, 31], 8, 2, 64, torch.float32, device, seed=11)
+    dec = decode_attention(*batch.decode_args(), num_kv_splits=2)
+    batch_ext = make_paged_batch([4, 47, 30], [1, 1, 1], 8, 2, 64, torch.float32, device, seed=11)
+    ext = extend_attention(*batch_ext.extend_args(), batch_ext.max_extend_len)
+    assert_close(dec, ext, torch.float32, "decode vs extend")
+
+
+def test_choose_num_kv_splits() -> None:
+    # Short sequences: one split per min_split_len (256) tokens, rounded down to a power of two.
+    assert choose_num_kv_splits(1, 100, 8, num_sms=132) == 1
+    assert choose_num_kv_splits(1, 1024, 8, num_sms=132) == 4
+    assert choose_num_kv_splits(1, 4096, 8, num_sms=132) == 16
+    # Long sequence, one request: ~8 programs per SM, capped at 32 splits by default.
+    assert choose_num_kv_splits(1, 32768, 8, num_sms=132) == 32
+    assert choose_num_kv_splits(1, 32768, 8, num_sms=132, max_splits=MAX_KV_SPLITS) == 128
+    # Medium and large batches: the batch fills the GPU, few splits.
+    assert choose_num_kv_splits(8, 32768, 8, num_sms=132) == 16
+    assert choose_num_kv_splits(64, 32768, 8, num_sms=132) == 2
+    assert choose_num_kv_splits(256, 32768, 8, num_sms=132) == 1
+    for bs in (1, 3, 64):
+        for length in (1, 500, 4096, 32768):
+            splits = choose_num_kv_splits(bs, length, 8)
+            assert 1 <= splits <= MAX_KV_SPLITS and splits & (splits - 1) == 0
+
+
+def test_workspace_views_share_one_buffer() -> None:
+    numel = decode_workspace_numel(8, 4, 64, 16)
+    buffer = torch.empty(numel)
+    mid_o, mid_lse = alloc_decode_workspace(8, 4, 64, 16, buffer=buffer)
+    assert mid_o.shape == (8, 4, 16, 64) and mid_lse.shape == (8, 4, 16)
+    assert mid_o.data_ptr() == buffer.data_ptr()
+    small_o, _ = alloc_decode_workspace(2, 4, 64, 64, buffer=buffer)  # another (bs, splits)
+    assert small_o.data_ptr() == buffer.data_ptr()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_decode_llama8b_long_context_cuda_graph() -> None:
+    lens = [32768, 1, 4097, 900, 77, 16000, 2, 300]
+    batch = _decode_batch(lens, 32, 8, 128, torch.bfloat16, "cuda", seed=2)
+    args = batch.decode_args()
+    splits = choose_num_kv_splits(len(lens), max(lens), 8)
+    mid_o, mid_lse = alloc_decode_workspace(len(lens), 32, 128, splits, "cuda")
+    out = torch.full_like(batch.q, float("nan"))
+    decode_attention_fwd(*args, out, mid_o, mid_lse)  # warm-up / compile outside the graph
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        decode_attention_fwd(*args, out, mid_o, mid_lse)
+    batch.seq_lens[0] = 20000  # data changes between replays, shapes do not
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(out, decode_attention_ref(*args), torch.bfloat16, "decode attention (graph)")

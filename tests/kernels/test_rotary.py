@@ -1,0 +1,67 @@
+"""Rotary embedding: the reference against HF's rotate_half formula, the kernel against the reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixlm.kernels._triton import HAS_TRITON
+from radixlm.kernels.rotary import build_cos_sin_cache, rotary_embedding, rotary_embedding_ref
+
+needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+
+TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-3, 1e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+
+
+def _cache(head_dim: int, max_pos: int, device: str, base: float = 10000.0) -> torch.Tensor:
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    return build_cos_sin_cache(inv_freq.to(device), max_pos)
+
+
+def _hf_apply(x: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+    """HF Llama: x * cos + rotate_half(x) * sin with cos/sin = cat(freqs, freqs) (fp32 here)."""
+    half = x.shape[-1] // 2
+    cs = cache[positions.long()]
+    cos = torch.cat([cs[:, :half], cs[:, :half]], -1)[:, None]
+    sin = torch.cat([cs[:, half:], cs[:, half:]], -1)[:, None]
+    xf = x.float()
+    rotated = torch.cat([-xf[..., half:], xf[..., :half]], -1)
+    return (xf * cos + rotated * sin).to(x.dtype)
+
+
+def test_reference_matches_hf_formula() -> None:
+    q = torch.randn(6, 4, 64)
+    k = torch.randn(6, 2, 64)
+    pos = torch.tensor([0, 5, 3, 99, 1, 42])
+    cache = _cache(64, 128, "cpu")
+    exp_q, exp_k = _hf_apply(q, pos, cache), _hf_apply(k, pos, cache)
+    rotary_embedding_ref(pos, q, k, cache)
+    torch.testing.assert_close(q, exp_q, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(k, exp_k, atol=1e-5, rtol=1e-5)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "head_dim"), [(4, 4, 64), (8, 2, 128), (6, 1, 80)]
+)
+def test_rotary_matches_reference(
+    device: str, dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int
+) -> None:
+    tokens = 7
+    # q and k as strided views into one fused qkv projection, as a model produces them.
+    qkv = torch.randn(tokens, (num_heads + 2 * num_kv_heads) * head_dim, device=device).to(dtype)
+    q = qkv[:, : num_heads * head_dim].view(tokens, num_heads, head_dim)
+    k = qkv[:, num_heads * head_dim : (num_heads + num_kv_heads) * head_dim].view(
+        tokens, num_kv_heads, head_dim
+    )
+    positions = torch.randperm(64)[:tokens].to(device)
+    cache = _cache(head_dim, 64, device)
+    q_ref, k_ref = q.clone(), k.clone()
+    v_before = qkv[:, (num_heads + num_kv_heads) * head_dim :].clone()
+    rotary_embedding(positions, q, k, cache)
+    rotary_embedding_ref(positions, q_ref, k_ref, cache)
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(q, q_ref, atol=atol, rtol=rtol)
+    torch.testing.assert_close(k, k_ref, atol=atol, rtol=rtol)
+    assert torch.equal(qkv[:, (num_heads + num_kv_heads) * head_dim :], v_before)  # v untouched
