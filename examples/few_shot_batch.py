@@ -5,6 +5,8 @@ Run: python examples/few_shot_batch.py
 
 from __future__ import annotations
 
+import contextlib
+
 import radixlm as rl
 
 FEW_SHOT = """Answer with the capital city only.
@@ -24,8 +26,9 @@ def capital(s, country):
     s += "A:" + rl.gen("answer", max_tokens=6, stop="\n")
 
 
-def main() -> None:
-    with rl.Engine() as engine:
+def main(engine: rl.Engine | None = None) -> None:
+    """Run on `engine` (the tests pass a shared one), or on a new default Engine."""
+    with contextlib.nullcontext(engine) if engine else rl.Engine() as engine:
         rl.set_default_backend(engine)
         countries = ["Spain", "Japan", "Egypt", "Canada", "Peru", "Kenya"]
         states = capital.run_batch(

@@ -5,6 +5,7 @@ Run: python examples/quickstart.py   (CPU, default model SmolLM2-135M-Instruct)
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 from pydantic import BaseModel
@@ -30,8 +31,9 @@ def plan(s, topic):
     s += rl.assistant(rl.gen("plan", json_schema=Plan, max_tokens=48))
 
 
-def main() -> None:
-    with rl.Engine() as engine:
+def main(engine: rl.Engine | None = None) -> None:
+    """Run on `engine` (the tests pass a shared one), or on a new default Engine."""
+    with contextlib.nullcontext(engine) if engine else rl.Engine() as engine:
         rl.set_default_backend(engine)
         state = plan.run(topic="tea", temperature=0)
         print("ideas:", state["idea"])

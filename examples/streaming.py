@@ -5,6 +5,8 @@ Run: python examples/streaming.py
 
 from __future__ import annotations
 
+import contextlib
+
 import radixlm as rl
 
 
@@ -14,8 +16,9 @@ def chat(s, question):
     s += rl.assistant(rl.gen("answer", max_tokens=32))
 
 
-def main() -> None:
-    with rl.Engine() as engine:
+def main(engine: rl.Engine | None = None) -> None:
+    """Run on `engine` (the tests pass a shared one), or on a new default Engine."""
+    with contextlib.nullcontext(engine) if engine else rl.Engine() as engine:
         rl.set_default_backend(engine)
         state = chat.run(question="Write a haiku about tea.", stream=True, temperature=0)
         for piece in state.text_iter("answer"):

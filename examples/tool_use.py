@@ -5,6 +5,8 @@ Run: python examples/tool_use.py
 
 from __future__ import annotations
 
+import contextlib
+
 import radixlm as rl
 
 TOOLS = {
@@ -31,8 +33,9 @@ def calculator_agent(s, question, max_steps=3):
     s += "\nAnswer: " + rl.gen("answer", max_tokens=8, stop="\n")
 
 
-def main() -> None:
-    with rl.Engine() as engine:
+def main(engine: rl.Engine | None = None) -> None:
+    """Run on `engine` (the tests pass a shared one), or on a new default Engine."""
+    with contextlib.nullcontext(engine) if engine else rl.Engine() as engine:
         rl.set_default_backend(engine)
         state = calculator_agent.run(question="What is 7 times 6?", temperature=0)
         print(state.text())

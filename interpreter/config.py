@@ -41,12 +41,11 @@ def as_backend(obj: Any) -> Backend:
     raise TypeError(f"not a radixlm backend or Engine: {obj!r}")
 
 
-def set_default_backend(backend: Any) -> Backend:
+def set_default_backend(backend: Any) -> None:
     """Use `backend` (a `Backend`, or an `Engine`) for programs run without `backend=`."""
     wrapped = as_backend(backend)
     with _lock:
         global_config.default_backend = wrapped
-    return wrapped
 
 
 def get_default_backend() -> Backend | None:

@@ -147,7 +147,7 @@ def _run_batch(
 ) -> Iterator[ProgramState]:
     pbar = None
     if progress_bar:
-        from tqdm.auto import tqdm
+        from tqdm import tqdm
 
         pbar = tqdm(total=len(batch_kwargs), desc=function.__name__)
     try:

@@ -1,0 +1,15 @@
+"""Triton kernels, each next to a pure-torch reference of the same math.
+
+Modules (import the one you need; this package imports nothing, so `radixlm.kernels.<x>` and its
+`*_ref` functions work where Triton is missing):
+    store_kv           write new K/V rows into the paged pool
+    extend_attention   prefix (paged) + causal new-token attention
+    decode_attention   split-KV, GQA-grouped decode attention (CUDA-graph-safe entry point)
+    decode_workspace   split-count heuristic and the fp32 workspace of decode attention
+    token_bitmask      apply a packed allowed-token bitmask to logits
+    rmsnorm            RMSNorm and fused residual-add + RMSNorm (HF Llama semantics)
+    rotary             neox-style rotary embedding, in place
+    testing            random paged batches and tolerances for tests/benchmarks
+    bench_kernels      `radixlm bench kernels` (main(argv)); speed sections in bench_perf
+See docs/kernels.md.
+"""

@@ -39,10 +39,13 @@ from radixlm.kernels._triton import (
     require_triton,
     tl,
 )
+from radixlm.kernels.decode_workspace import (
+    MAX_KV_SPLITS,
+    alloc_decode_workspace,
+    choose_num_kv_splits,
+)
 
 _LOG2E = 1.4426950408889634
-_LN2 = 0.6931471805599453
-MAX_KV_SPLITS = 256  # cap of the heuristic and of the workspace's split dim
 
 
 def decode_attention_ref(
@@ -73,67 +76,6 @@ def decode_attention_ref(
         probs = torch.softmax(scores, dim=-1)
         out[b] = torch.einsum("hs,shd->hd", probs, v).to(q.dtype)
     return out
-
-
-def choose_num_kv_splits(
-    batch_size: int,
-    max_seq_len: int,
-    num_kv_heads: int,
-    num_sms: int | None = None,
-    min_split_len: int = 256,
-    max_splits: int = 32,
-) -> int:
-    """Heuristic number of KV splits: about 8 programs per SM, splits >= min_split_len tokens.
-
-    Capped at `max_splits` (32: on H200, bf16, batch 1 at 32k context, 32 splits beat 64).
-
-    Rounded down to a power of two (fewer distinct values to capture, and it measured better
-    than odd counts on H200). Pure python, no device sync: use it for a CUDA graph's fixed
-    `max_kv_splits` too (with the graph's batch size and the longest context it may see).
-    """
-    if num_sms is None:
-        num_sms = 132
-        if torch.cuda.is_available():
-            props = torch.cuda.get_device_properties(torch.cuda.current_device())
-            num_sms = props.multi_processor_count
-    programs = max(1, batch_size * num_kv_heads)
-    for_occupancy = cdiv(8 * num_sms, programs)
-    for_length = cdiv(max(1, max_seq_len), min_split_len)
-    splits = max(1, min(for_occupancy, for_length, max_splits, MAX_KV_SPLITS))
-    return 1 << (splits.bit_length() - 1)
-
-
-def decode_workspace_numel(
-    batch_size: int, num_heads: int, head_dim: int, max_kv_splits: int
-) -> int:
-    """fp32 elements of one (mid_o, mid_lse) workspace."""
-    return batch_size * num_heads * max_kv_splits * (head_dim + 1)
-
-
-def alloc_decode_workspace(
-    batch_size: int,
-    num_heads: int,
-    head_dim: int,
-    max_kv_splits: int,
-    device: torch.device | str | None = None,
-    buffer: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mid_o, mid_lse) fp32 scratch for `decode_attention_fwd`.
-
-    With `buffer` (a contiguous fp32 tensor of >= `decode_workspace_numel(...)` elements) both are
-    views into it, so CUDA graphs captured for several batch sizes (each with its own split count)
-    can share one allocation sized for the largest batch_size * max_kv_splits.
-    """
-    n_o = batch_size * num_heads * max_kv_splits * head_dim
-    n_lse = batch_size * num_heads * max_kv_splits
-    if buffer is None:
-        buffer = torch.empty(n_o + n_lse, dtype=torch.float32, device=device)
-    assert (
-        buffer.dtype == torch.float32 and buffer.is_contiguous() and buffer.numel() >= n_o + n_lse
-    )
-    mid_o = buffer[:n_o].view(batch_size, num_heads, max_kv_splits, head_dim)
-    mid_lse = buffer[n_o : n_o + n_lse].view(batch_size, num_heads, max_kv_splits)
-    return mid_o, mid_lse
 
 
 @jit
@@ -224,7 +166,7 @@ def _decode_stage1_kernel(
             + offs_d[None, :]
         )
         tl.store(mo_ptrs, acc / l_i[:, None], mask=mask_h[:, None] & mask_d[None, :])
-        lse = (m_i + tl.log2(l_i)) * 0.6931471805599453  # natural-log units
+        lse = (m_i + tl.log2(l_i)) * 0.6931471805599453  # log2 -> natural-log units (x ln 2)
         tl.store(MidLse + b * stride_mlb + heads * stride_mlh + split, lse, mask=mask_h)
 
 

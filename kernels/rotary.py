@@ -49,17 +49,27 @@ def rotary_embedding_ref(
 
 
 @jit
-def _rope_rows(
-    X, t, cos, sin, stride_t, stride_h, num_heads, offs_h, offs_d, mask_d, HALF: tl.constexpr
+def _rotate_heads(
+    Row,
+    stride_h,
+    num_heads,
+    cos,
+    sin,
+    HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
 ):
-    base = X + t * stride_t + offs_h[:, None] * stride_h + offs_d[None, :]
-    mask = (offs_h[:, None] < num_heads) & mask_d[None, :]
+    """Rotate heads 0..num_heads-1 of one token; Row points at its head 0, dim 0."""
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_HALF)
+    base = Row + offs_h[:, None] * stride_h + offs_d[None, :]
+    mask = (offs_h[:, None] < num_heads) & (offs_d[None, :] < HALF)
     x1 = tl.load(base, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(base + HALF, mask=mask, other=0.0).to(tl.float32)
     o1 = x1 * cos[None, :] - x2 * sin[None, :]
     o2 = x2 * cos[None, :] + x1 * sin[None, :]
-    tl.store(base, o1.to(X.dtype.element_ty), mask=mask)
-    tl.store(base + HALF, o2.to(X.dtype.element_ty), mask=mask)
+    tl.store(base, o1.to(Row.dtype.element_ty), mask=mask)
+    tl.store(base + HALF, o2.to(Row.dtype.element_ty), mask=mask)
 
 
 @jit
@@ -87,32 +97,8 @@ def _rope_kernel(
     mask_d = offs_d < HALF
     cos = tl.load(Cache + pos * stride_c + offs_d, mask=mask_d, other=0.0).to(tl.float32)
     sin = tl.load(Cache + pos * stride_c + HALF + offs_d, mask=mask_d, other=0.0).to(tl.float32)
-    _rope_rows(
-        Q,
-        t,
-        cos,
-        sin,
-        stride_qt,
-        stride_qh,
-        num_q_heads,
-        tl.arange(0, BLOCK_HQ),
-        offs_d,
-        mask_d,
-        HALF,
-    )
-    _rope_rows(
-        K,
-        t,
-        cos,
-        sin,
-        stride_kt,
-        stride_kh,
-        num_k_heads,
-        tl.arange(0, BLOCK_HK),
-        offs_d,
-        mask_d,
-        HALF,
-    )
+    _rotate_heads(Q + t * stride_qt, stride_qh, num_q_heads, cos, sin, HALF, BLOCK_HALF, BLOCK_HQ)
+    _rotate_heads(K + t * stride_kt, stride_kh, num_k_heads, cos, sin, HALF, BLOCK_HALF, BLOCK_HK)
 
 
 def rotary_embedding(

@@ -35,9 +35,12 @@ def apply_logit_processors(logits: torch.Tensor, sb: SamplingBatch) -> torch.Ten
     if sb.min_tokens_mask is not None:
         logits.masked_fill_(sb.min_tokens_mask, float("-inf"))
     if sb.vocab_mask is not None:
-        from radixlm.kernels.bitmask import apply_token_bitmask
+        from radixlm.kernels import token_bitmask
 
-        apply_token_bitmask(logits, sb.vocab_mask)
+        if logits.is_cuda:
+            token_bitmask.apply_token_bitmask_inplace(logits, sb.vocab_mask)
+        else:
+            token_bitmask.apply_token_bitmask_inplace_ref(logits, sb.vocab_mask)
     return logits
 
 

@@ -92,14 +92,20 @@ class PrefillAdder:
                 if _shared_len(fill, other.fill_ids, prefix) >= IN_BATCH_SHARE_MIN:
                     return True  # defer: next round it hits the prefix `other` is computing now
         future = int(min(req.remaining_new_tokens(), RESERVE_CLIP) * self.ratio)
-        if extend + future > self.rem_total:
-            return False
         if extend > self.rem_input and self.admitted:
             return False
+        # NOTE: locking the matched prefix takes its slots out of the evictable budget, so the
+        # check happens with the lock held (and is undone when the request does not fit).
+        evictable = cache.evictable_size()
+        cache.lock(node)
+        locked = evictable - cache.evictable_size()
+        if extend + future + locked > self.rem_total:
+            cache.unlock(node)
+            return False
+        self.rem_total -= locked
         n = min(extend, self.rem_chunk)
         row = cache.req_to_token.alloc()
         assert row is not None
-        cache.lock(node)
         req.req_pool_idx = row
         req.prefix_slots = slots
         req.last_node = node

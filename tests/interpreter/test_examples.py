@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,8 @@ DOC = ROOT / "docs" / "language.md"
 PY_EXAMPLES = sorted(EXAMPLES.glob("*.py"))
 NOTEBOOKS = sorted(EXAMPLES.glob("*.ipynb"))
 needs_engine = pytest.mark.skipif(
-    not (ROOT / "runtime" / "engine.py").exists(), reason="radixlm.runtime.engine does not exist yet"
+    not (ROOT / "runtime" / "engine.py").exists(),
+    reason="radixlm.runtime.engine does not exist yet",
 )
 
 
@@ -36,11 +38,33 @@ def test_there_is_enough_material():
     }
 
 
-@needs_engine
+def xfail_without_constrained_decoding(output: str) -> None:
+    # NOTE: constrained decoding is being added to the runtime concurrently; until it lands the
+    # engine rejects regex/json_schema with this message. Any other failure still fails.
+    if "constrained decoding" in output and "not available" in output:
+        pytest.xfail("constrained decoding not yet in runtime")
+
+
 @pytest.mark.parametrize("path", PY_EXAMPLES, ids=lambda p: p.name)
-def test_python_example_runs(path):
+def test_python_example_runs(path, engine, capsys):
+    """Each example's `main(engine)` on the shared engine (one engine start for all of them)."""
+    module = runpy.run_path(str(path), run_name="example")
+    try:
+        module["main"](engine)
+    except Exception as e:
+        xfail_without_constrained_decoding(f"{e!r} {e.__cause__!r}")
+        raise
+    assert capsys.readouterr().out.strip()
+
+
+@needs_engine
+def test_an_example_runs_as_a_script():
     out = subprocess.run(
-        [sys.executable, str(path)], capture_output=True, text=True, timeout=600, cwd=ROOT
+        [sys.executable, str(EXAMPLES / "streaming.py")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
     )
     assert out.returncode == 0, out.stderr[-4000:]
     assert out.stdout.strip()
@@ -64,6 +88,8 @@ def test_doc_examples_run(tmp_path):
     out = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path
     )
+    if out.returncode != 0:
+        xfail_without_constrained_decoding(out.stderr)
     assert out.returncode == 0, out.stderr[-4000:]
 
 
@@ -97,7 +123,11 @@ def test_notebook_executes(path, kernel_name):
         timeout=600,
         resources={"metadata": {"path": str(EXAMPLES)}},
     )
-    client.execute()
+    try:
+        client.execute()
+    except nbclient.exceptions.CellExecutionError as e:
+        xfail_without_constrained_decoding(str(e))
+        raise
     html = [
         o["data"]["text/html"]
         for c in nb.cells

@@ -7,12 +7,14 @@ import torch
 
 from radixlm.kernels._triton import HAS_TRITON
 from radixlm.kernels.decode_attention import (
-    MAX_KV_SPLITS,
-    alloc_decode_workspace,
-    choose_num_kv_splits,
     decode_attention,
     decode_attention_fwd,
     decode_attention_ref,
+)
+from radixlm.kernels.decode_workspace import (
+    MAX_KV_SPLITS,
+    alloc_decode_workspace,
+    choose_num_kv_splits,
     decode_workspace_numel,
 )
 from radixlm.kernels.extend_attention import extend_attention

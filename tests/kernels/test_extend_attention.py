@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed"
 
 # (prefix_lens, extend_lens): empty prefixes, prefixes ending mid-block, extend length 1,
 # odd lengths and a request longer than one query block, mixed in one batch.
-MIXED = ([0, 37, 5, 64], [70, 1, 33, 2])
+MIXED = ([0, 37, 5, 65], [70, 1, 33, 2])
 
 
 @pytest.mark.parametrize(
@@ -44,7 +44,7 @@ def test_extend_matches_reference(
             (32, 16, 32, 4, 1),
         ),  # pure prefill, several full blocks before the diagonal
         ([23, 50], [1, 1], (32, 16, 16, 4, 1)),  # extend length 1 (decode through extend)
-        ([17], [40], (16, 16, 64, 4, 1)),  # BLOCK_M == BLOCK_N, wide prefix tile
+        ([65], [40], (16, 16, 64, 4, 1)),  # BLOCK_M == BLOCK_N, wide prefix tile
     ],
 )
 def test_extend_block_shapes(

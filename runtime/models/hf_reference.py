@@ -1,0 +1,72 @@
+"""The same model in Hugging Face `transformers`: the peer of benchmarks and the oracle of parity
+tests. Built from the very tensors radixlm loads (a GGUF is de-quantized by our loader, not by
+transformers' 20 s GGUF path), so both sides compute with identical weights."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from radixlm.runtime.models.loader import resolve_model
+
+
+@dataclass
+class HFReference:
+    model: Any  # transformers PreTrainedModel, eval mode
+    tokenizer: Any
+    weights: dict[str, torch.Tensor]
+    config: Any  # our ModelConfig
+
+    @classmethod
+    def load(
+        cls, model_path: str | None = None, dtype: torch.dtype = torch.float32, load_format: str = "auto"
+    ) -> HFReference:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from radixlm.runtime.tokenizer import load_tokenizer
+
+        source = resolve_model(model_path, load_format)
+        cpu = torch.device("cpu")
+        weights = {name: t.to(dtype) for name, t in source.iter_weights(cpu, dtype)}
+        hf_cfg = source.config.to_hf_dict()
+        config = AutoConfig.for_model(**hf_cfg)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+        missing = [m for m in missing if not (m == "lm_head.weight" and source.config.tie_word_embeddings)]
+        if missing or unexpected:
+            raise ValueError(f"reference weights mismatch: missing={missing} unexpected={unexpected}")
+        if source.config.tie_word_embeddings:
+            model.tie_weights()
+        tokenizer = None if source.load_format == "dummy" else load_tokenizer(source.path, source.gguf)
+        return cls(model.eval(), tokenizer, weights, source.config)
+
+    @classmethod
+    def default(cls) -> HFReference:
+        return cls.load()
+
+    @torch.no_grad()
+    def greedy(self, input_ids: list[int], max_new_tokens: int) -> list[int]:
+        """Greedy decoding with transformers' KV cache, exactly as `generate` does it, but never
+        stopping at EOS (and never banning it, unlike `min_new_tokens`)."""
+        out = self.model(torch.tensor([input_ids]), use_cache=True)
+        tokens: list[int] = []
+        for _ in range(max_new_tokens):
+            tok = int(out.logits[0, -1].argmax())
+            tokens.append(tok)
+            if len(tokens) == max_new_tokens:
+                break
+            with warnings.catch_warnings():  # transformers >= 5.2x renames past_key_values
+                warnings.simplefilter("ignore", FutureWarning)
+                out = self.model(
+                    torch.tensor([[tok]]), past_key_values=out.past_key_values, use_cache=True
+                )
+        return tokens
+
+    @torch.no_grad()
+    def logprobs(self, token_ids: list[int]) -> torch.Tensor:
+        """log-softmax over the vocabulary at every position `[len, vocab]` (float32)."""
+        logits = self.model(torch.tensor([token_ids])).logits[0].float()
+        return torch.log_softmax(logits, dim=-1)

@@ -1,0 +1,68 @@
+"""Shared fixtures: engines (started once per configuration and reused), the transformers
+reference model of the default model, and the KV-accounting check after every engine test."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+# Keep torch in test processes from oversubscribing the 2-core CI machine next to the engine.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+_ENGINES: dict[tuple, Any] = {}
+
+
+def get_engine(**kwargs: Any) -> Any:
+    """A shared Engine for this configuration (started on first use, stopped at session end)."""
+    from radixlm.runtime.engine import Engine
+
+    key = tuple(sorted(kwargs.items()))
+    engine = _ENGINES.get(key)
+    if engine is None:
+        engine = _ENGINES[key] = Engine(**kwargs)
+    return engine
+
+
+def wait_idle_and_check(engine: Any, timeout: float = 30.0) -> dict[str, Any]:
+    """Wait until no request runs, then assert exact KV accounting (raises otherwise)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = engine.get_server_info()
+        if info["num_running"] == 0 and info["num_waiting"] == 0:
+            return engine.check_invariants()
+        if time.monotonic() > deadline:
+            raise AssertionError(f"engine not idle after {timeout} s: {info}")
+        time.sleep(0.05)
+
+
+@pytest.fixture(autouse=True)
+def _engine_invariants() -> Iterator[None]:
+    before = set(map(id, _ENGINES.values()))
+    yield
+    for engine in list(_ENGINES.values()):
+        if id(engine) in before or engine in _ENGINES.values():
+            wait_idle_and_check(engine)
+
+
+def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
+    for engine in _ENGINES.values():
+        engine.shutdown()
+    _ENGINES.clear()
+
+
+@pytest.fixture(scope="session")
+def engine() -> Any:
+    """The default engine: SmolLM2-135M-Instruct on CPU, radix cache on."""
+    return get_engine()
+
+
+@pytest.fixture(scope="session")
+def hf_reference() -> Any:
+    """transformers' LlamaForCausalLM holding exactly the default model's (de-quantized) weights."""
+    from radixlm.runtime.models.hf_reference import HFReference
+
+    return HFReference.default()

@@ -1,0 +1,31 @@
+"""Helpers shared by test modules (importable as `tests_helpers` with pytest's rootdir on sys.path)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Eight prompts of mixed lengths; several share prefixes (chat template, few-shot header).
+_FEWSHOT = (
+    "Answer each question with one word.\n"
+    "Q: What color is the sky on a clear day?\nA: Blue\n"
+    "Q: What is frozen water called?\nA: Ice\n"
+    "Q: Which animal says meow?\nA: Cat\n"
+)
+PARITY_PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    ",
+    _FEWSHOT + "Q: What do bees make?\nA:",
+    _FEWSHOT + "Q: What is the opposite of hot?\nA:",
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    "<|im_end|>\n<|im_start|>user\nName three fruits.<|im_end|>\n<|im_start|>assistant\n",
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    "<|im_end|>\n<|im_start|>user\nWrite a haiku about the sea, then explain it in one "
+    "sentence.<|im_end|>\n<|im_start|>assistant\n",
+    "1, 2, 3, 4,",
+    "Once upon a time, in a small village at the edge of a large forest, there lived an old "
+    "woodcutter and his three children. Every morning the woodcutter would",
+]
+
+
+def hf_greedy_outputs(ref: Any, prompts: list[str], max_new: int) -> list[list[int]]:
+    return [ref.greedy(ref.tokenizer.encode(p), max_new) for p in prompts]
