@@ -131,37 +131,6 @@ class TransformersBackend(Backend):
         return ChoicesDecision(choices[best], {"normalized_prompt_logprobs": scores})
 
 
-def load_transformers_model(model_path: str | None) -> tuple[Any, Any]:
-    """The same weights and tokenizer as the engine, as a `transformers` LlamaForCausalLM."""
-    import torch
-    import transformers
-
-    from radixlm.runtime.models.loader import resolve_model
-    from radixlm.runtime.tokenizer import load_tokenizer
-
-    source = resolve_model(model_path)
-    c = source.config
-    if c.architecture != "LlamaForCausalLM":
-        raise SystemExit(
-            f"the transformers baseline supports Llama checkpoints only, not {c.architecture}"
-        )
-    config = transformers.LlamaConfig(
-        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
-        num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
-        rope_theta=c.rope_theta, max_position_embeddings=c.max_position_embeddings,
-        tie_word_embeddings=c.tie_word_embeddings, bos_token_id=c.bos_token_id,
-        eos_token_id=list(c.eos_token_id),
-    )  # fmt: skip
-    model = transformers.LlamaForCausalLM(config)
-    weights = dict(source.iter_weights(torch.device("cpu"), torch.float32))
-    model.load_state_dict(weights, strict=False)
-    if c.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    model.eval()
-    return model, load_tokenizer(source.path, source.gguf)
-
-
 @dataclass(frozen=True)
 class Row:
     workload: str
@@ -259,8 +228,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rows.append(run_workload(name, programs[name], backend, mode, args))
                 print(format_table(rows[-1:]).splitlines()[-1], file=sys.stderr)
     if not args.skip_transformers:
-        model, tokenizer = load_transformers_model(args.model_path)
-        hf = TransformersBackend(model, tokenizer, from_tokenizer(tokenizer))
+        from radixlm.runtime.models.hf_reference import HFReference
+
+        ref = HFReference.load(args.model_path)  # the very weights the engine serves
+        hf = TransformersBackend(ref.model, ref.tokenizer, from_tokenizer(ref.tokenizer))
         for name in workloads:
             hf_row = run_workload(name, programs[name], hf, "transformers", args)
             rows.append(hf_row)

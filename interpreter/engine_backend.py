@@ -12,6 +12,8 @@ responsible for being thread-safe (it batches concurrent requests).
 
 from __future__ import annotations
 
+import copy
+import threading
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -39,6 +41,10 @@ class EngineBackend(NativeBackend):
             raise TypeError("pass either an engine or engine arguments, not both")
         self.engine = engine
         self._chat_template = from_tokenizer(engine.tokenizer)
+        # NOTE: a private copy behind a lock: the engine's own thread encodes with its tokenizer,
+        # and a Rust-backed tokenizer must not be entered from two threads at once.
+        self._tokenizer = copy.deepcopy(engine.tokenizer) if engine.tokenizer is not None else None
+        self._tokenizer_lock = threading.Lock()
 
     @classmethod
     def for_engine(cls, engine: Any) -> EngineBackend:
@@ -63,6 +69,13 @@ class EngineBackend(NativeBackend):
         else:
             kwargs["prompt"] = payload["text"]
         return kwargs
+
+    def _tokenize(self, text: str) -> list[int] | None:
+        """The engine's prompt ids for `text` (it encodes with this tokenizer, the same way)."""
+        if self._tokenizer is None:
+            return None
+        with self._tokenizer_lock:
+            return list(self._tokenizer.encode(text))
 
     def _request(self, payload: Payload) -> Response | list[Response]:
         return self.engine.generate(**self._kwargs(payload))

@@ -31,5 +31,9 @@ class RequestAbortedError(RadixLMError):
     """The request was aborted (by the client, a timeout, or shutdown)."""
 
 
+class RequestTimeoutError(RequestAbortedError):
+    """The request ran longer than `request_timeout` and was aborted."""
+
+
 class EngineDeadError(RadixLMError):
     """The scheduler process died; the engine cannot serve any more requests (HTTP 503)."""

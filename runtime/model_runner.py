@@ -37,8 +37,11 @@ CPU_DEFAULT_KV_TOKENS = 65536
 
 def resolve_device(device: str | None) -> torch.device:
     if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
 
 
 def resolve_dtype(dtype: str, device: torch.device, checkpoint_dtype: str) -> torch.dtype:
@@ -75,11 +78,18 @@ class ModelRunner:
         self.model = self._load_model(source)
         self.kv_pool, self.req_to_token = self._init_memory()
         self.attn = self._make_attention_backend()
+        self.graphs = None
+        if self.device.type == "cuda" and not args.disable_cuda_graph:
+            from radixlm.runtime.cuda_graph_runner import CudaGraphRunner
+
+            max_bs = min(args.cuda_graph_max_bs or 256, self.max_running)
+            self.graphs = CudaGraphRunner(self.model, self.attn, max_bs, self.device)
 
     # ---- setup ---------------------------------------------------------------------------------
     def _load_model(self, source: ModelSource) -> LlamaForCausalLM:
+        fused = self.device.type == "cuda" and self.args.attention_backend != "torch"
         with _default_dtype(self.dtype), torch.device(self.device):
-            model = LlamaForCausalLM(self.config, self.context_len, self.device)
+            model = LlamaForCausalLM(self.config, self.context_len, self.device, fused_ops=fused)
         model.load_weights(
             (name, t.to(device=self.device, dtype=self.dtype))
             for name, t in source.iter_weights(self.device, self.dtype)
@@ -96,7 +106,8 @@ class ModelRunner:
         elif self.device.type == "cuda":
             fraction = self.args.mem_fraction_static or 0.85
             total = torch.cuda.get_device_properties(self.device).total_memory
-            # NOTE: keep room outside the fraction for activations, logits and CUDA graphs.
+            # NOTE: keep room outside the fraction for activations, logits and CUDA graphs
+            # (their memory pool is allocated after the KV pool, out of the remaining share).
             budget = total * fraction - torch.cuda.memory_allocated(self.device)
             tokens = int(budget // per_token)
         else:
@@ -139,6 +150,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Final hidden states of the rows `batch.logits_indices` (all rows when None)."""
+        if self.graphs is not None and self.graphs.can_run(batch):
+            return self.graphs.replay(batch)
         self.attn.init_forward_metadata(batch)
         hidden = self.model(batch, self.attn)
         if batch.logits_indices is not None:

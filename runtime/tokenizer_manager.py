@@ -28,6 +28,7 @@ from radixlm.runtime.errors import (
     InvalidRequestError,
     QueueFullError,
     RequestAbortedError,
+    RequestTimeoutError,
 )
 from radixlm.runtime.ipc import PortArgs, TypedReceiver, send
 from radixlm.runtime.sampling.sampling_params import SamplingParams
@@ -55,6 +56,12 @@ class ReqState:
     input_logprob_ids: list[int] | None = None
     input_top: list[Any] | None = None
     error: BaseException | None = None
+    stream: bool = False
+    # Seconds per token between successive outputs (streaming requests; for metrics).
+    itl: list[float] = field(default_factory=list)
+    # How the request ended, set before `listeners` run: finished | aborted | error | timeout |
+    # cancelled (the caller went away).
+    outcome: str = "running"
 
 
 @dataclass(frozen=True)
@@ -100,7 +107,8 @@ class TokenizerManager:
         self.control_tokens = itertools.count()
         self.dead: str | None = None
         self.is_alive = is_alive
-        self.listeners: list[Callable[[ReqState], None]] = []  # metrics/logging hooks on finish
+        # Metrics/logging hooks, called once per request when it ends, whatever the outcome.
+        self.listeners: list[Callable[[ReqState], None]] = []
         self._tasks: list[asyncio.Task] = []
 
     def start(self) -> None:
@@ -164,20 +172,21 @@ class TokenizerManager:
             raise InvalidRequestError("top_logprobs_num must be in [0, 64]", "top_logprobs_num")
         return ids, sp
 
-    def _check_queue(self) -> None:
+    def check_queue(self, incoming: int = 1) -> None:
+        """Raise QueueFullError unless `incoming` more requests fit under max_queued_requests."""
         limit = self.args.max_queued_requests
-        if limit is not None and len(self.states) >= limit:
+        if limit is not None and len(self.states) + incoming > limit:
             raise QueueFullError(f"too many requests in flight (max_queued_requests={limit})")
 
     async def generate(self, req: GenerateInput) -> AsyncIterator[dict[str, Any]]:
         """Run one request; yields stream chunks (cumulative text), the last one final. Without
         `stream`, yields the final result only."""
         ids, sp = self.validate(req)
-        self._check_queue()
+        self.check_queue()
         rid = req.rid or uuid.uuid4().hex
         if rid in self.states:
             raise InvalidRequestError(f"duplicate request id {rid!r}", "rid")
-        state = ReqState(rid, ids, req.return_text_in_logprobs)
+        state = ReqState(rid, ids, req.return_text_in_logprobs, stream=req.stream)
         self.states[rid] = state
         lsl = req.logprob_start_len
         if req.return_logprob and lsl is None:
@@ -202,7 +211,8 @@ class TokenizerManager:
                     await asyncio.wait_for(state.event.wait(), wait)
                 except asyncio.TimeoutError:
                     self.abort(rid)
-                    raise RequestAbortedError(
+                    state.outcome = "timeout"
+                    raise RequestTimeoutError(
                         f"request {rid} timed out after {timeout} s (request_timeout)"
                     ) from None
                 state.event.clear()
@@ -217,6 +227,22 @@ class TokenizerManager:
             if not state.finished:
                 self.abort(rid)  # the caller went away (disconnect, cancel, Ctrl-C)
             self.states.pop(rid, None)
+            self._notify_end(state)
+
+    def _notify_end(self, state: ReqState) -> None:
+        if state.outcome == "running":
+            if state.error is not None:
+                state.outcome = "error"
+            elif not state.finished:
+                state.outcome = "cancelled"
+            else:
+                reason = (state.out.finish_reason if state.out else None) or {}
+                state.outcome = "aborted" if reason.get("type") == "abort" else "finished"
+        for listener in self.listeners:
+            try:
+                listener(state)
+            except Exception:
+                logger.exception("request listener failed")
 
     def abort(self, rid: str) -> None:
         if self.dead:
@@ -295,6 +321,8 @@ class TokenizerManager:
         out = t.out
         now = time.perf_counter()
         if t.new_ids:
+            if state.last_token_time is not None:
+                state.itl.append((now - state.last_token_time) / len(t.new_ids))
             state.first_token_time = state.first_token_time or now
             state.last_token_time = now
         state.text += t.text_delta
@@ -313,8 +341,6 @@ class TokenizerManager:
             reason = out.finish_reason or {}
             if reason.get("type") == "abort" and reason.get("status_code") == 400:
                 state.error = InvalidRequestError(reason.get("message", "invalid request"))
-            for listener in self.listeners:
-                listener(state)
         state.event.set()
 
     async def _watchdog(self) -> None:

@@ -22,18 +22,25 @@ class HFReference:
 
     @classmethod
     def load(
-        cls, model_path: str | None = None, dtype: torch.dtype = torch.float32, load_format: str = "auto"
+        cls,
+        model_path: str | None = None,
+        dtype: torch.dtype = torch.float32,
+        load_format: str = "auto",
+        device: str = "cpu",
     ) -> HFReference:
+        """`device` also decides where `dummy` weights are drawn: use the engine's device to get
+        the engine's exact weights (each device's generator gives its own random stream)."""
         from transformers import AutoConfig, AutoModelForCausalLM
 
         from radixlm.runtime.tokenizer import load_tokenizer
 
         source = resolve_model(model_path, load_format)
-        cpu = torch.device("cpu")
-        weights = {name: t.to(dtype) for name, t in source.iter_weights(cpu, dtype)}
+        dev = torch.device(device)
+        weights = {name: t.to(dtype) for name, t in source.iter_weights(dev, dtype)}
         hf_cfg = source.config.to_hf_dict()
         config = AutoConfig.for_model(**hf_cfg)
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+        with dev:
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
         missing, unexpected = model.load_state_dict(weights, strict=False)
         missing = [m for m in missing if not (m == "lm_head.weight" and source.config.tie_word_embeddings)]
         if missing or unexpected:
@@ -51,7 +58,8 @@ class HFReference:
     def greedy(self, input_ids: list[int], max_new_tokens: int) -> list[int]:
         """Greedy decoding with transformers' KV cache, exactly as `generate` does it, but never
         stopping at EOS (and never banning it, unlike `min_new_tokens`)."""
-        out = self.model(torch.tensor([input_ids]), use_cache=True)
+        dev = self.model.device
+        out = self.model(torch.tensor([input_ids], device=dev), use_cache=True)
         tokens: list[int] = []
         for _ in range(max_new_tokens):
             tok = int(out.logits[0, -1].argmax())
@@ -61,12 +69,12 @@ class HFReference:
             with warnings.catch_warnings():  # transformers >= 5.2x renames past_key_values
                 warnings.simplefilter("ignore", FutureWarning)
                 out = self.model(
-                    torch.tensor([[tok]]), past_key_values=out.past_key_values, use_cache=True
+                    torch.tensor([[tok]], device=dev), past_key_values=out.past_key_values, use_cache=True
                 )
         return tokens
 
     @torch.no_grad()
     def logprobs(self, token_ids: list[int]) -> torch.Tensor:
         """log-softmax over the vocabulary at every position `[len, vocab]` (float32)."""
-        logits = self.model(torch.tensor([token_ids])).logits[0].float()
+        logits = self.model(torch.tensor([token_ids], device=self.model.device)).logits[0].float()
         return torch.log_softmax(logits, dim=-1)

@@ -33,16 +33,23 @@ class Linear(nn.Module):
 
 class RMSNorm(nn.Module):
     """HF Llama's RMSNorm (fp32 statistics, weight applied in the input dtype), optionally fused
-    with the residual add that precedes it."""
+    with the residual add that precedes it. `fused` runs the Triton kernel (GPU)."""
 
-    def __init__(self, size: int, eps: float) -> None:
+    def __init__(self, size: int, eps: float, fused: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size), requires_grad=False)
         self.eps = eps
+        self.fused = fused
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if self.fused:
+            from radixlm.kernels import rmsnorm
+
+            if residual is None:
+                return rmsnorm.rmsnorm(x, self.weight, self.eps)
+            return rmsnorm.fused_add_rmsnorm(x, residual, self.weight, self.eps)
         if residual is not None:
             x = x + residual
             residual = x
@@ -108,12 +115,13 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_id: int) -> None:
+    def __init__(self, config: ModelConfig, layer_id: int, fused: bool) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(config, layer_id)
         self.mlp = LlamaMLP(config)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, fused)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, fused)
 
     def forward(
         self,
@@ -135,20 +143,23 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: ModelConfig, max_positions: int, device: torch.device) -> None:
+    def __init__(
+        self, config: ModelConfig, max_positions: int, device: torch.device, fused_ops: bool = False
+    ) -> None:
+        """`fused_ops`: RMSNorm and rotary embeddings run as Triton kernels (GPU only)."""
         super().__init__()
         self.config = config
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            [LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers)]
+            [LlamaDecoderLayer(config, i, fused_ops) for i in range(config.num_hidden_layers)]
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused_ops)
         self.lm_head = (
             None
             if config.tie_word_embeddings
             else Linear(config.hidden_size, config.vocab_size, bias=False)
         )
-        self.rotary = RotaryEmbedding(config, max_positions, device)
+        self.rotary = RotaryEmbedding(config, max_positions, device, fused_ops)
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:

@@ -46,6 +46,42 @@ PRESETS: dict[str, dict[str, Any]] = {
         "bos_token_id": 1,
         "eos_token_id": 2,
     },
+    # Small shapes for GPU parity runs (GQA 4, head_dim 64 / 128; tied embeddings give well
+    # separated logits, so greedy parity is not at the mercy of near-ties).
+    "small-llama": {
+        **_LLAMA,
+        "vocab_size": 1024,
+        "hidden_size": 512,
+        "intermediate_size": 1024,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": True,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    },
+    "small-llama-hd128": {
+        **_LLAMA,
+        "vocab_size": 2048,
+        "hidden_size": 1024,
+        "intermediate_size": 2048,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 1024,
+        },
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": True,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    },
     # Tiny shapes for fast unit tests (GQA 4:2, head_dim 16).
     "tiny-llama": {
         **_LLAMA,

@@ -37,19 +37,30 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
 class RotaryEmbedding(torch.nn.Module):
     """Applies rotary embeddings to q `[T, H*D]` and k `[T, kvH*D]` at `positions` `[T]`."""
 
-    def __init__(self, config: ModelConfig, max_positions: int, device: torch.device) -> None:
+    def __init__(
+        self, config: ModelConfig, max_positions: int, device: torch.device, fused: bool = False
+    ) -> None:
         super().__init__()
         self.head_dim = config.head_dim
+        self.fused = fused
         inv_freq = rope_inv_freq(config)
         pos = torch.arange(max_positions, dtype=torch.int64).float()
-        freqs = pos[:, None] * inv_freq[None, :]
+        freqs = (pos[:, None] * inv_freq[None, :]).to(device)
         # NOTE: float32 table; gathered rows are cast to the activation dtype, as HF does.
-        self.register_buffer("cos", freqs.cos().to(device), persistent=False)
-        self.register_buffer("sin", freqs.sin().to(device), persistent=False)
+        self.register_buffer("cos", freqs.cos(), persistent=False)
+        self.register_buffer("sin", freqs.sin(), persistent=False)
+        if fused:  # the Triton kernel's layout: [max_pos, D] = [cos | sin]
+            self.register_buffer("cos_sin", torch.cat([self.cos, self.sin], dim=-1), persistent=False)
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.fused:
+            from radixlm.kernels.rotary import rotary_embedding
+
+            t, d = q.shape[0], self.head_dim
+            rotary_embedding(positions, q.view(t, -1, d), k.view(t, -1, d), self.cos_sin)
+            return q, k
         cos = self.cos[positions].to(q.dtype).unsqueeze(1)  # [T, 1, D/2]
         sin = self.sin[positions].to(q.dtype).unsqueeze(1)
         return _rotate(q, cos, sin, self.head_dim), _rotate(k, cos, sin, self.head_dim)

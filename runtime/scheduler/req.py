@@ -30,6 +30,7 @@ class Req:
         top_logprobs_num: int = 0,
         stream: bool = False,
         arrival_time: float | None = None,
+        device: torch.device | str = "cpu",
     ) -> None:
         self.rid = rid
         self.origin_input_ids = input_ids
@@ -47,7 +48,9 @@ class Req:
         self.max_stop_len = max((len(s) for s in sp.stop), default=0)
         self.generator = None
         if not sp.is_greedy:
-            self.generator = torch.Generator().manual_seed(sp.seed if sp.seed is not None else seed)
+            # NOTE: on the device the logits live on (a CPU generator cannot drive CUDA noise).
+            self.generator = torch.Generator(device=device)
+            self.generator.manual_seed(sp.seed if sp.seed is not None else seed)
         # Input logprobs cover positions [logprob_start_len, len(input)); -1 disables them.
         self.logprob_start_len = logprob_start_len if return_logprob else -1
         self.input_logprobs: list[float | None] = []
@@ -76,6 +79,10 @@ class Req:
     @property
     def fill_ids(self) -> list[int]:
         return self.origin_input_ids + self.output_ids
+
+    @property
+    def last_token(self) -> int:
+        return self.output_ids[-1] if self.output_ids else self.origin_input_ids[-1]
 
     @property
     def seqlen(self) -> int:

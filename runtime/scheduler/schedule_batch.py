@@ -130,7 +130,7 @@ def prepare_decode(
     return ForwardBatch(
         mode=ForwardMode.DECODE,
         batch_size=len(reqs),
-        input_ids=torch.tensor([r.fill_ids[-1] for r in reqs], dtype=torch.int64, device=device),
+        input_ids=torch.tensor([r.last_token for r in reqs], dtype=torch.int64, device=device),
         positions=pos_t,
         out_cache_loc=slots,
         req_pool_indices=rows_t,

@@ -164,6 +164,7 @@ class Scheduler:
             top_logprobs_num=msg.top_logprobs_num,
             stream=msg.stream,
             arrival_time=msg.arrival_time,
+            device=self.device,
         )
         self.waiting.append(req)
 

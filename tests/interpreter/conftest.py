@@ -3,9 +3,9 @@
 - `FakeBackend`: a tiny deterministic in-memory backend, ONLY for unit tests of the interpreter's
   own mechanics (ordering, forks, errors, streaming plumbing, HTML). Program-level tests use the
   real Engine (project rule: no mocks of our own runtime where the real one can run).
-- `engine`: one real `radixlm.Engine` (default model, CPU) shared by every program test of the
-  session; `backend`: the backends programs are tested through (parametrized, so adding
-  `RuntimeEndpoint` against `radixlm serve` is one more param).
+- `backend`: the backends programs are tested through, on the session's shared default Engine
+  (`engine`, from tests/conftest.py); parametrized, so adding `RuntimeEndpoint` against
+  `radixlm serve` is one more param.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -100,21 +99,6 @@ def fake() -> FakeBackend:
 @pytest.fixture
 def make_fake() -> Callable[..., FakeBackend]:
     return FakeBackend
-
-
-_ENGINE_MODULE = Path(__file__).resolve().parents[2] / "runtime" / "engine.py"
-
-
-@pytest.fixture(scope="session")
-def engine():
-    """One real Engine (default model, CPU) for all program tests of the session."""
-    if not _ENGINE_MODULE.exists():
-        pytest.skip("radixlm.runtime.engine does not exist yet")
-    from radixlm.runtime.engine import Engine
-
-    e = Engine()
-    yield e
-    e.shutdown()
 
 
 # NOTE: adding the HTTP backend is one param here ("endpoint": RuntimeEndpoint against a

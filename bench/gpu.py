@@ -1,0 +1,266 @@
+"""`radixlm bench gpu`: the H200 suite in one command (prints a table, writes JSON with --json).
+
+Sections (`--sections`, comma-separated, all by default):
+  parity    greedy tokens of the engine (triton backend + CUDA graphs) == transformers on small
+            dummy-weight Llamas (fp32), and CUDA-graph replay == eager (fp32 and bf16)
+  hf        transformers `generate` on Llama-3-8B shapes (dummy bf16): batch 1 and batch 64
+  decode    radixlm batch-1 decode vs the bandwidth roofline (weights + KV bytes per step over the
+            copy bandwidth measured in this run), batch 8 / 64, CUDA graphs on vs off
+  offline   512 requests x 1024 random input tokens / 256 output tokens, throughput vs `hf`
+  kernels   `radixlm bench kernels --sections decode,extend` (attention vs roofline and SDPA)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import time
+import traceback
+from typing import Any
+
+RESULTS: dict[str, Any] = {}
+
+
+def _log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def copy_bandwidth_gbs() -> float:
+    import torch
+    from triton.testing import do_bench
+
+    n = 1 << 30  # 4 GiB of fp32 read + 4 GiB written per copy
+    src = torch.empty(n, dtype=torch.float32, device="cuda").uniform_()
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * n * 4 / (ms * 1e-3) / 1e9
+
+
+def _random_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(10, vocab - 10) for _ in range(length)] for _ in range(count)]
+
+
+def _engine(model: str, **kwargs: Any) -> Any:
+    from radixlm.runtime.engine import Engine
+
+    return Engine(model_path=model, load_format="dummy", skip_tokenizer_init=True, log_level="warning", **kwargs)
+
+
+def section_parity(args: argparse.Namespace) -> None:
+    import torch
+
+    from radixlm.runtime.models.hf_reference import HFReference
+
+    out: dict[str, Any] = {}
+    for preset in ("small-llama", "small-llama-hd128"):
+        ref = HFReference.load(preset, torch.float32, "dummy", device="cuda")
+        vocab = ref.config.vocab_size
+        rng = random.Random(1)
+        prompts = [[rng.randrange(3, vocab) for _ in range(n)] for n in (5, 17, 33, 64, 100, 257)]
+        prompts.append(prompts[4][:50] + prompts[1])  # shares a prefix (radix cache hit mid-block)
+        expected = [ref.greedy(p, 32) for p in prompts]
+        del ref
+        gc.collect()
+        torch.cuda.empty_cache()
+        params = {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
+        results = {}
+        runs = [("graphs_fp32", {"dtype": "float32"})]
+        if preset == "small-llama":
+            runs.append(("eager_fp32", {"dtype": "float32", "disable_cuda_graph": True}))
+        for name, kw in runs:
+            eng = _engine(preset, mem_fraction_static=0.3, cuda_graph_max_bs=16, **kw)
+            try:
+                first = eng.generate(input_ids=prompts, sampling_params=params)
+                again = eng.generate(input_ids=prompts, sampling_params=params)  # warm cache
+                results[name] = [o["output_ids"] for o in first]
+                results[name + "_warm"] = [o["output_ids"] for o in again]
+            finally:
+                eng.shutdown()
+        out[preset] = {
+            f"{name}_vs_transformers": f"{sum(a == b for a, b in zip(got, expected))}/{len(prompts)}"
+            for name, got in results.items()
+        }
+        if "eager_fp32" in results:
+            out[preset]["graphs_equal_eager"] = results["graphs_fp32"] == results["eager_fp32"]
+        _log(f"parity {preset}: {out[preset]}")
+    RESULTS["parity"] = out
+
+
+def _weight_bytes(cfg: Any, dtype_bytes: int = 2) -> int:
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    per_layer = (cfg.q_size + 2 * cfg.kv_size) * h + cfg.q_size * h + 3 * i * h + 2 * h
+    head = cfg.vocab_size * h  # lm_head (the embedding lookup reads only a few rows)
+    return (cfg.num_hidden_layers * per_layer + h + head) * dtype_bytes
+
+
+def _kv_bytes_per_token(cfg: Any, dtype_bytes: int = 2) -> int:
+    return 2 * cfg.num_hidden_layers * cfg.kv_size * dtype_bytes
+
+
+def _decode_rate(eng: Any, batch: int, prompt_len: int, new: int, vocab: int) -> float:
+    """Decode tokens/s at `batch`: total time minus prefill time (a 1-token run), per token."""
+    prompts = _random_prompts(batch, prompt_len, vocab, seed=batch)
+    warm = {"max_new_tokens": 4, "ignore_eos": True, "temperature": 0}
+    eng.generate(input_ids=_random_prompts(batch, prompt_len, vocab, seed=99), sampling_params=warm)
+    eng.flush_cache()
+    t = time.perf_counter()
+    eng.generate(input_ids=prompts, sampling_params={"max_new_tokens": 1, "ignore_eos": True, "temperature": 0})
+    prefill = time.perf_counter() - t
+    eng.flush_cache()
+    params = {"max_new_tokens": new, "ignore_eos": True, "temperature": 0}
+    t = time.perf_counter()
+    eng.generate(input_ids=prompts, sampling_params=params)
+    total = time.perf_counter() - t
+    return batch * (new - 1) / max(1e-9, total - prefill)
+
+
+def section_decode(args: argparse.Namespace) -> None:
+    from radixlm.runtime.models.config import ModelConfig
+    from radixlm.runtime.models.presets import PRESETS
+
+    cfg = ModelConfig.from_hf_dict(PRESETS[args.model])
+    bw = RESULTS.setdefault("copy_bandwidth_gbs", copy_bandwidth_gbs())
+    out: dict[str, Any] = {"copy_bandwidth_gbs": round(bw, 1)}
+    prompt_len, new = 128, 256
+    avg_ctx = prompt_len + new / 2
+    step_bytes = _weight_bytes(cfg) + avg_ctx * _kv_bytes_per_token(cfg)
+    roofline = bw * 1e9 / step_bytes
+    out["batch1_roofline_tok_s"] = round(roofline, 1)
+    for graphs in (True, False):
+        eng = _engine(args.model, disable_cuda_graph=not graphs, cuda_graph_max_bs=64)
+        try:
+            for bs in (1, 8, 64):
+                rate = _decode_rate(eng, bs, prompt_len, new, cfg.vocab_size)
+                key = f"decode_bs{bs}_{'graphs' if graphs else 'eager'}_tok_s"
+                out[key] = round(rate, 1)
+                _log(f"{key}: {rate:.1f}")
+        finally:
+            eng.shutdown()
+    out["batch1_fraction_of_roofline"] = round(out["decode_bs1_graphs_tok_s"] / roofline, 3)
+    RESULTS["decode"] = out
+
+
+def section_offline(args: argparse.Namespace) -> None:
+    from radixlm.runtime.models.config import ModelConfig
+    from radixlm.runtime.models.presets import PRESETS
+
+    cfg = ModelConfig.from_hf_dict(PRESETS[args.model])
+    n, inp, outp = args.offline_requests, 1024, 256
+    prompts = _random_prompts(n, inp, cfg.vocab_size, seed=7)
+    eng = _engine(args.model, cuda_graph_max_bs=512, max_running_requests=512)
+    try:
+        eng.generate(input_ids=prompts[:8], sampling_params={"max_new_tokens": 8, "ignore_eos": True})
+        eng.flush_cache()
+        t = time.perf_counter()
+        outs = eng.generate(input_ids=prompts, sampling_params={"max_new_tokens": outp, "ignore_eos": True, "temperature": 0})
+        dt = time.perf_counter() - t
+        gen = sum(o["meta_info"]["completion_tokens"] for o in outs)
+    finally:
+        eng.shutdown()
+    res = {
+        "requests": n,
+        "seconds": round(dt, 2),
+        "output_tok_s": round(gen / dt, 1),
+        "total_tok_s": round((gen + n * inp) / dt, 1),
+    }
+    _log(f"offline: {res}")
+    RESULTS["offline"] = res
+
+
+def section_hf(args: argparse.Namespace) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from radixlm.runtime.models.presets import PRESETS
+
+    config = AutoConfig.for_model(**PRESETS[args.model])
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+    out: dict[str, Any] = {}
+    try:
+        for bs, inp, new in ((1, 128, 64), (64, 1024, args.hf_new_tokens)):
+            ids = torch.tensor(_random_prompts(bs, inp, config.vocab_size, seed=bs), device="cuda")
+            gen_kw = dict(do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(ids))
+            with torch.no_grad():
+                model.generate(ids[:, :16], max_new_tokens=4, min_new_tokens=4, **gen_kw)  # warm-up
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                model.generate(ids, max_new_tokens=1, min_new_tokens=1, **gen_kw)
+                torch.cuda.synchronize()
+                prefill = time.perf_counter() - t
+                t = time.perf_counter()
+                model.generate(ids, max_new_tokens=new, min_new_tokens=new, **gen_kw)
+                torch.cuda.synchronize()
+                total = time.perf_counter() - t
+            out[f"bs{bs}_output_tok_s"] = round(bs * new / total, 1)
+            out[f"bs{bs}_decode_tok_s"] = round(bs * (new - 1) / max(1e-9, total - prefill), 1)
+            _log(f"transformers bs{bs}: {out}")
+    finally:
+        del model
+        gc.collect()
+        torch.cuda.empty_cache()
+    RESULTS["hf"] = out
+
+
+def section_kernels(args: argparse.Namespace) -> None:
+    from radixlm.kernels import bench_kernels
+
+    bench_kernels.main(["--sections", "decode,extend"])
+
+
+SECTIONS = {
+    "parity": section_parity,
+    "hf": section_hf,
+    "decode": section_decode,
+    "offline": section_offline,
+    "kernels": section_kernels,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="radixlm bench gpu", description=__doc__)
+    parser.add_argument("--sections", default="parity,decode,offline,hf")
+    parser.add_argument("--model", default="llama-3-8b", help="dummy preset for the speed sections")
+    parser.add_argument("--offline-requests", type=int, default=512)
+    parser.add_argument("--hf-new-tokens", type=int, default=128)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("radixlm bench gpu needs a CUDA device")
+        return 1
+    RESULTS["env"] = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "transformers": __import__("transformers").__version__,
+    }
+    _log(f"env: {RESULTS['env']}")
+    failed = []
+    for name in args.sections.split(","):
+        t = time.perf_counter()
+        try:
+            SECTIONS[name](args)
+        except Exception:  # report and go on: one broken section must not cost the others
+            failed.append(name)
+            traceback.print_exc()
+        _log(f"section {name}: {time.perf_counter() - t:.1f} s")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(RESULTS, f, indent=2)
+    hf = RESULTS.get("hf", {}).get("bs64_output_tok_s")
+    if hf and "offline" in RESULTS:
+        RESULTS["offline"]["speedup_vs_transformers_bs64"] = round(RESULTS["offline"]["output_tok_s"] / hf, 2)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(RESULTS, f, indent=2)
+    print(json.dumps(RESULTS, indent=2))
+    if failed:
+        print("FAILED sections:", ", ".join(failed))
+    return 1 if failed else 0

@@ -1,0 +1,129 @@
+"""The `triton` attention backend (default on GPU): paged extend and split-KV decode kernels.
+
+  EXTEND: `store_kv` writes the new K/V into the pool, then `extend_attention` reads the cached
+          prefix from the pool and the new tokens from the contiguous k/v (causal among them).
+  DECODE: `store_kv`, then `decode_attention_fwd` (stage 1: per KV split, one program reads each
+          KV head once for its whole GQA group; stage 2: merges the splits).
+The decode workspace `(mid_o, mid_lse)` is carved from one fp32 buffer: sized per batch in eager
+mode, and once for the largest captured batch under CUDA graphs (each graph batch size keeps the
+split count it was captured with; the kernels derive each request's effective splits from its
+seq_len, so padded lanes with seq_len 0 read nothing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from radixlm.kernels.decode_attention import decode_attention_fwd
+from radixlm.kernels.decode_workspace import (
+    alloc_decode_workspace,
+    choose_num_kv_splits,
+    decode_workspace_numel,
+)
+from radixlm.kernels.extend_attention import extend_attention
+from radixlm.kernels.store_kv import store_kv
+from radixlm.runtime.attention.base import AttentionBackend
+from radixlm.runtime.forward_batch import ForwardBatch
+from radixlm.runtime.mem.kv_pool import KVPool, ReqToTokenPool
+
+
+@dataclass
+class _DecodeMeta:
+    mid_o: torch.Tensor
+    mid_lse: torch.Tensor
+
+
+class TritonAttnBackend(AttentionBackend):
+    def __init__(
+        self,
+        kv_pool: KVPool,
+        req_to_token: ReqToTokenPool,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+    ) -> None:
+        super().__init__(kv_pool, req_to_token, num_heads, num_kv_heads, head_dim)
+        self.max_context = req_to_token.max_context
+        self._eager_buffer = torch.empty(0, dtype=torch.float32, device=kv_pool.device)
+        self._graph_buffer: torch.Tensor | None = None
+
+    def _splits(self, bs: int, max_len: int) -> int:
+        return choose_num_kv_splits(bs, max_len, self.num_kv_heads)
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        if not batch.is_decode:
+            batch.attn_metadata = max(batch.extend_seq_lens_cpu)
+            return
+        bs = batch.batch_size
+        splits = self._splits(bs, max(batch.seq_lens_cpu))
+        numel = decode_workspace_numel(bs, self.num_heads, self.head_dim, splits)
+        if self._eager_buffer.numel() < numel:
+            self._eager_buffer = torch.empty(
+                max(numel, 2 * self._eager_buffer.numel()), dtype=torch.float32, device=self.kv_pool.device
+            )
+        ws = alloc_decode_workspace(bs, self.num_heads, self.head_dim, splits, buffer=self._eager_buffer)
+        batch.attn_metadata = _DecodeMeta(*ws)
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch
+    ) -> torch.Tensor:
+        k_buf, v_buf = self.kv_pool.k[layer], self.kv_pool.v[layer]
+        store_kv(k_buf, v_buf, batch.out_cache_loc, k, v)
+        if batch.is_decode:
+            return self.forward_decode(q, layer, batch)
+        return self.forward_extend(q, k, v, layer, batch)
+
+    def forward_extend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch
+    ) -> torch.Tensor:
+        assert batch.extend_prefix_lens is not None and batch.extend_seq_lens is not None
+        assert batch.extend_start_loc is not None
+        return extend_attention(
+            q,
+            k,
+            v,
+            self.kv_pool.k[layer],
+            self.kv_pool.v[layer],
+            self.req_to_token,
+            batch.req_pool_indices,
+            batch.extend_prefix_lens,
+            batch.extend_seq_lens,
+            batch.extend_start_loc,
+            batch.attn_metadata,
+            self.scale,
+        )
+
+    def forward_decode(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
+        meta: _DecodeMeta = batch.attn_metadata
+        out = torch.empty_like(q)
+        return decode_attention_fwd(
+            q,
+            self.kv_pool.k[layer],
+            self.kv_pool.v[layer],
+            self.req_to_token,
+            batch.req_pool_indices,
+            batch.seq_lens,
+            out,
+            meta.mid_o,
+            meta.mid_lse,
+            self.scale,
+        )
+
+    # ---- CUDA graphs ---------------------------------------------------------------------------
+    def init_graph_state(self, max_bs: int) -> None:
+        numel = max(
+            decode_workspace_numel(bs, self.num_heads, self.head_dim, self._splits(bs, self.max_context))
+            for bs in range(1, max_bs + 1)
+        )
+        self._graph_buffer = torch.empty(numel, dtype=torch.float32, device=self.kv_pool.device)
+
+    def prepare_capture(self, bs: int, batch: ForwardBatch) -> None:
+        assert self._graph_buffer is not None, "init_graph_state first"
+        splits = self._splits(bs, self.max_context)
+        ws = alloc_decode_workspace(bs, self.num_heads, self.head_dim, splits, buffer=self._graph_buffer)
+        batch.attn_metadata = _DecodeMeta(*ws)
+
+    def prepare_replay(self, batch: ForwardBatch) -> None:
+        pass  # every input lives in the graph's static buffers; the workspace is fixed

@@ -1,0 +1,218 @@
+"""Expanding one generate call (a prompt or a batch of prompts, each with `n` samples) into single
+`GenerateInput`s, and running them on a `TokenizerManager`: shared by `Engine` and the HTTP server.
+
+    batch = expand_request(prompt=["a", "b"], sampling_params={"n": 2, "max_new_tokens": 8})
+    results = await collect(tm, batch)          # flat: prompt-major, n samples each (SGLang's order)
+    async for chunk in stream(tm, batch): ...   # chunks of a batch carry "index" (flat position)
+
+Threading: the coroutines run on the TokenizerManager's event loop. Ownership: a `RequestBatch`
+is immutable; every request it starts is aborted if the caller goes away (cancellation, closing
+the stream), because the TokenizerManager's `generate` aborts in its `finally`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from radixlm.runtime.errors import InvalidRequestError
+from radixlm.runtime.tokenizer_manager import GenerateInput, TokenizerManager
+
+MAX_N = 128
+
+
+@dataclass(frozen=True)
+class RequestBatch:
+    groups: list[list[GenerateInput]]  # per prompt, its n sub-requests
+    batched: bool  # the prompt was a list (the caller expects a list back)
+
+    @property
+    def flat(self) -> list[GenerateInput]:
+        return [sub for subs in self.groups for sub in subs]
+
+    @property
+    def is_single(self) -> bool:
+        """One prompt, n == 1: results are a dict, stream chunks carry no index."""
+        return not self.batched and len(self.groups[0]) == 1
+
+
+def expand_request(
+    prompt: Any = None,
+    sampling_params: Any = None,
+    input_ids: Any = None,
+    return_logprob: Any = False,
+    logprob_start_len: Any = None,
+    top_logprobs_num: Any = None,
+    return_text_in_logprobs: bool = False,
+    stream: bool = False,
+    rid: Any = None,
+) -> RequestBatch:
+    """Normalise SGLang's generate arguments. Per-prompt arguments may be lists (one entry per
+    prompt) when the prompt is a batch; `n` in sampling_params expands into n sub-requests (rid
+    `"{rid}-{k}"`, seed `seed + k`)."""
+    if prompt is not None and input_ids is not None:
+        raise InvalidRequestError("pass either prompt or input_ids, not both", "input_ids")
+    if prompt is None and input_ids is None:
+        raise InvalidRequestError("a prompt (text or input_ids) is required", "prompt")
+    if prompt is not None:
+        batched = isinstance(prompt, list)
+        texts = prompt if batched else [prompt]
+        ids_list: list[Any] = [None] * len(texts)
+    else:
+        batched = bool(input_ids) and isinstance(input_ids[0], list)
+        ids_list = input_ids if batched else [input_ids]
+        texts = [None] * len(ids_list)
+    count = len(texts)
+    if batched and count == 0:
+        raise InvalidRequestError("the batch of prompts is empty", "prompt")
+
+    def per_item(value: Any, name: str) -> list[Any]:
+        # NOTE: a list `sampling_params` is per prompt only for a batch; for one prompt a list
+        # is an error (it is not a dict), reported by the validation of sampling params.
+        if isinstance(value, list) and batched:
+            if len(value) != count:
+                raise InvalidRequestError(
+                    f"{name}: expected {count} entries, got {len(value)}", name
+                )
+            return value
+        return [value] * count
+
+    params = per_item(sampling_params, "sampling_params")
+    lps = per_item(return_logprob, "return_logprob")
+    starts = per_item(logprob_start_len, "logprob_start_len")
+    tops = per_item(top_logprobs_num, "top_logprobs_num")
+    rids = per_item(rid, "rid") if rid is not None else [None] * count
+    groups: list[list[GenerateInput]] = []
+    for i in range(count):
+        if params[i] is not None and not isinstance(params[i], dict):
+            raise InvalidRequestError("sampling_params must be an object", "sampling_params")
+        sp = dict(params[i] or {})
+        n = sp.pop("n", 1)
+        if n is None:
+            n = 1
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N:
+            raise InvalidRequestError(f"n must be an integer in [1, {MAX_N}], got {n!r}", "n")
+        subs = []
+        for k in range(n):
+            sub_sp = dict(sp)
+            if n > 1 and isinstance(sub_sp.get("seed"), int):
+                sub_sp["seed"] = sub_sp["seed"] + k
+            sub_rid = rids[i] if n == 1 else (f"{rids[i]}-{k}" if rids[i] else None)
+            subs.append(
+                GenerateInput(
+                    text=texts[i],
+                    input_ids=ids_list[i],
+                    sampling_params=sub_sp,
+                    rid=sub_rid,
+                    return_logprob=bool(lps[i]),
+                    logprob_start_len=starts[i],
+                    top_logprobs_num=tops[i] or 0,
+                    return_text_in_logprobs=return_text_in_logprobs,
+                    stream=stream,
+                )
+            )
+        groups.append(subs)
+    return RequestBatch(groups, batched)
+
+
+def validate(tm: TokenizerManager, batch: RequestBatch) -> None:
+    """Validate every sub-request, and check that all of them fit in the queue, before any of
+    them runs (raises the first error)."""
+    flat = batch.flat
+    for sub in flat:
+        tm.validate(sub)
+    tm.check_queue(len(flat))
+
+
+def group_results(batch: RequestBatch, flat: list[dict[str, Any]]) -> Any:
+    """The Engine's shape: a dict; a list of n dicts; a list per prompt (of dicts or lists)."""
+    grouped, pos = [], 0
+    for subs in batch.groups:
+        group = flat[pos : pos + len(subs)]
+        pos += len(subs)
+        grouped.append(group if len(subs) > 1 else group[0])
+    return grouped if batch.batched else grouped[0]
+
+
+async def run_one(tm: TokenizerManager, req: GenerateInput) -> dict[str, Any]:
+    """Run one request to completion; its final result."""
+    final = None
+    async with contextlib.aclosing(tm.generate(req)) as agen:
+        async for chunk in agen:
+            final = chunk
+    assert final is not None
+    return final
+
+
+async def prefill_shared_prompts(tm: TokenizerManager, batch: RequestBatch) -> None:
+    """n > 1: prefill each prompt once (max_new_tokens=0) so its n samples share the KV."""
+    if tm.args.disable_radix_cache:
+        return
+    warmups = [
+        GenerateInput(
+            text=subs[0].text, input_ids=subs[0].input_ids, sampling_params={"max_new_tokens": 0}
+        )
+        for subs in batch.groups
+        if len(subs) > 1
+    ]
+    if warmups:
+        await _gather_or_cancel([run_one(tm, w) for w in warmups])
+
+
+async def collect(tm: TokenizerManager, batch: RequestBatch) -> list[dict[str, Any]]:
+    """Run every sub-request to completion; the final results, flat, in order. On the first
+    error (or cancellation) the others are cancelled, which aborts them."""
+    validate(tm, batch)
+    await prefill_shared_prompts(tm, batch)
+    return await _gather_or_cancel([run_one(tm, r) for r in batch.flat])
+
+
+async def _gather_or_cancel(coros: list[Any]) -> list[Any]:
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()  # NOTE: a no-op for finished tasks; aborts the rest after an error
+
+
+async def stream(tm: TokenizerManager, batch: RequestBatch) -> AsyncIterator[dict[str, Any]]:
+    """Stream chunks (cumulative text per sub-request) as they come. Chunks of a batch (or n > 1)
+    carry `index`, the sub-request's flat position. Closing the iterator aborts what still runs."""
+    flat = batch.flat
+    validate(tm, batch)
+    await prefill_shared_prompts(tm, batch)
+    if batch.is_single:
+        async with contextlib.aclosing(tm.generate(flat[0])) as agen:
+            async for chunk in agen:
+                yield chunk
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, req: GenerateInput) -> None:
+        try:
+            async with contextlib.aclosing(tm.generate(req)) as agen:
+                async for chunk in agen:
+                    queue.put_nowait({**chunk, "index": index})
+        except BaseException as exc:  # delivered to the consumer
+            queue.put_nowait(exc)
+        finally:
+            queue.put_nowait(None)
+
+    tasks = [asyncio.ensure_future(pump(i, r)) for i, r in enumerate(flat)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()

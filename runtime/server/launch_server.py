@@ -1,0 +1,169 @@
+"""`radixlm serve` (also `python -m radixlm.runtime.server.launch_server`): start the engine's child
+processes, then uvicorn (uvloop + httptools) serving `create_app` on --host/--port (127.0.0.1 by
+default). After a one-token warm-up it logs SGLang's ready line, "The server is fired up and
+ready to roll!", and /health answers 200.
+
+Shutdown (SIGTERM or Ctrl-C): /health and new work get 503 at once, requests in flight get up to
+--shutdown-timeout seconds to finish, the rest are aborted (they end with finish_reason "abort"),
+then uvicorn stops, the TokenizerManager closes and the children are stopped; the exit code is 0.
+A second SIGINT/SIGTERM aborts everything at once; a third exits without waiting. If the scheduler
+dies, the server keeps running and reports it: /health answers 503, requests get 503.
+
+Threading: one process, one event loop (uvicorn's, in the main thread). Signal handlers only
+schedule work onto that loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+import time
+from dataclasses import fields
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+from radixlm.runtime.errors import RadixLMError
+from radixlm.runtime.launch import launch_processes
+from radixlm.runtime.models.default_model import ModelNotFoundError
+from radixlm.runtime.process_utils import configure_logging
+from radixlm.runtime.server.app import create_app
+from radixlm.runtime.server.metrics import HEALTH_RID_PREFIX
+from radixlm.runtime.server.state import ServerState
+from radixlm.runtime.server_args import ServerArgs
+from radixlm.runtime.tokenizer import load_server_tokenizer
+from radixlm.runtime.tokenizer_manager import GenerateInput
+
+logger = logging.getLogger("radixlm.server")
+READY_LINE = "The server is fired up and ready to roll!"
+ABORT_GRACE_S = 5.0  # after aborting, how long requests get to deliver their final chunk
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="radixlm serve", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+    ServerArgs.add_cli_args(parser)
+    for f in fields(ServerArgs):
+        if f.default is True:  # NOTE: a store_true flag cannot turn these off: add --no-<flag>
+            parser.add_argument(
+                "--no-" + f.name.replace("_", "-"), dest=f.name, action="store_false"
+            )
+    return parser
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server with radixlm's warm-up/ready line and draining shutdown."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+        super().__init__(config)
+        self.state = state
+        self.signals = 0
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    async def startup(self, sockets: Any = None) -> None:
+        self.loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+        if self.started and not self.should_exit:
+            self._spawn(self._warm_up())
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _warm_up(self) -> None:
+        tm = self.state.tm
+        assert tm is not None
+        req = GenerateInput(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0.0},
+                            rid=f"{HEALTH_RID_PREFIX}warmup")  # fmt: skip
+        try:
+            async for _ in tm.generate(req):
+                pass
+        except Exception as exc:
+            logger.error("warm-up request failed: %s", exc)
+            return
+        self.state.ready = True
+        host, port = self.config.host, self.config.port
+        logger.info("serving %s on http://%s:%s", self.state.model_name, host, port)
+        logger.info(READY_LINE)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # NOTE: never call super(): uvicorn records the signal and re-raises it after serving,
+        # which would turn a clean drain into exit code -15.
+        self.signals += 1
+        if self.loop is None or self.signals >= 3:
+            self.should_exit = self.force_exit = True
+            return
+        action = self._drain if self.signals == 1 else self._abort_now
+        self.loop.call_soon_threadsafe(lambda: self._spawn(action()))
+
+    async def _drain(self) -> None:
+        state = self.state
+        state.draining = True
+        timeout = state.args.shutdown_timeout
+        logger.info(
+            "shutting down: %d request(s) in flight, waiting up to %.0f s", state.in_flight, timeout
+        )
+        deadline = time.monotonic() + timeout
+        while state.in_flight and time.monotonic() < deadline and not self.should_exit:
+            await asyncio.sleep(0.05)
+        await self._abort_now()
+
+    async def _abort_now(self) -> None:
+        state = self.state
+        if state.in_flight and state.tm is not None and not state.tm.dead:
+            logger.warning("aborting %d request(s) still in flight", state.in_flight)
+            state.tm.abort("")
+            deadline = time.monotonic() + ABORT_GRACE_S
+            while state.in_flight and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        self.should_exit = True
+
+
+def serve_main(argv: list[str] | None = None) -> int:
+    """Entry point of `radixlm serve`; returns the process exit code."""
+    parser = build_parser()
+    ns = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        args = ServerArgs.from_cli_args(ns)
+    except (ValueError, TypeError) as exc:
+        parser.error(str(exc))
+    configure_logging(args.log_level)
+    if args.load_format != "dummy" and args.model_path and not os.path.exists(args.model_path):
+        logger.error("model path %r does not exist (models are never downloaded)", args.model_path)
+        return 2
+    box: dict[str, Any] = {}
+    try:
+        procs = launch_processes(args, lambda: box.update(tokenizer=load_server_tokenizer(args)))
+    except (ModelNotFoundError, RadixLMError, RuntimeError, OSError) as exc:
+        logger.error("the engine failed to start: %s", exc)
+        return 1
+    state = ServerState(args, procs, box.get("tokenizer"))
+    try:
+        config = uvicorn.Config(
+            create_app(state), host=args.host, port=args.port, loop="uvloop", http="httptools",
+            log_level=args.log_level.lower(), access_log=False, timeout_graceful_shutdown=10,
+            timeout_keep_alive=5, ws="none", lifespan="on",
+        )  # fmt: skip
+        server = Server(config, state)
+        server.run()
+        return 0 if server.started else 1
+    except SystemExit as exc:  # uvicorn exits 1 when it cannot bind
+        return int(exc.code or 0)
+    finally:
+        procs.shutdown()
+        logger.info("server stopped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Alias of `serve_main` (what `radixlm.cli` calls)."""
+    return serve_main(argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(serve_main())
