@@ -11,12 +11,24 @@ from collections.abc import Callable
 
 BENCHES: dict[str, tuple[str, str]] = {
     # name: (module, help)
-    "offline": ("radixlm.bench.offline", "radixlm vs transformers generate: mixed batch, shared prefix, batch-1 decode"),
-    "programs": ("radixlm.bench.programs", "generation programs with program-aware caching on/off vs transformers"),
+    "offline": (
+        "radixlm.bench.offline",
+        "radixlm vs transformers generate: mixed batch, shared prefix, batch-1 decode",
+    ),
+    "programs": (
+        "radixlm.bench.programs",
+        "generation programs with program-aware caching on/off vs transformers",
+    ),
     "serving": ("radixlm.bench.serving", "load generator against a running server (TTFT/TPOT/ITL)"),
     "constrained": ("radixlm.bench.constrained", "regex/JSON constrained decoding vs Outlines"),
-    "kernels": ("radixlm.kernels.bench_kernels", "Triton kernels vs references and the bandwidth roofline (GPU)"),
-    "gpu": ("radixlm.bench.gpu", "H200 suite: roofline decode, offline throughput, CUDA graphs, parity"),
+    "kernels": (
+        "radixlm.kernels.bench_kernels",
+        "Triton kernels vs references and the bandwidth roofline (GPU)",
+    ),
+    "gpu": (
+        "radixlm.bench.gpu",
+        "H200 suite: roofline decode, offline throughput, CUDA graphs, parity",
+    ),
 }
 
 
@@ -32,9 +44,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="radixlm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="run a short demo on the default model", add_help=False)
-    sub.add_parser("serve", help="start the HTTP server (native + OpenAI-compatible API)", add_help=False)
+    sub.add_parser(
+        "serve", help="start the HTTP server (native + OpenAI-compatible API)", add_help=False
+    )
     bench = sub.add_parser("bench", help="benchmarks (radixlm vs its peer, side by side)")
-    bench.add_argument("workload", choices=sorted(BENCHES), help="; ".join(f"{k}: {v[1]}" for k, v in BENCHES.items()))
+    bench.add_argument(
+        "workload",
+        choices=sorted(BENCHES),
+        help="; ".join(f"{k}: {v[1]}" for k, v in BENCHES.items()),
+    )
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0

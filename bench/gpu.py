@@ -35,7 +35,7 @@ def copy_bandwidth_gbs() -> float:
     src = torch.empty(n, dtype=torch.float32, device="cuda").uniform_()
     dst = torch.empty_like(src)
     ms = do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
-    del src, dst
+    src = dst = None  # free before the engines start
     torch.cuda.empty_cache()
     return 2 * n * 4 / (ms * 1e-3) / 1e9
 
@@ -48,7 +48,13 @@ def _random_prompts(count: int, length: int, vocab: int, seed: int) -> list[list
 def _engine(model: str, **kwargs: Any) -> Any:
     from radixlm.runtime.engine import Engine
 
-    return Engine(model_path=model, load_format="dummy", skip_tokenizer_init=True, log_level="warning", **kwargs)
+    return Engine(
+        model_path=model,
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        log_level="warning",
+        **kwargs,
+    )
 
 
 def section_parity(args: argparse.Namespace) -> None:
@@ -109,7 +115,10 @@ def _decode_rate(eng: Any, batch: int, prompt_len: int, new: int, vocab: int) ->
     eng.generate(input_ids=_random_prompts(batch, prompt_len, vocab, seed=99), sampling_params=warm)
     eng.flush_cache()
     t = time.perf_counter()
-    eng.generate(input_ids=prompts, sampling_params={"max_new_tokens": 1, "ignore_eos": True, "temperature": 0})
+    eng.generate(
+        input_ids=prompts,
+        sampling_params={"max_new_tokens": 1, "ignore_eos": True, "temperature": 0},
+    )
     prefill = time.perf_counter() - t
     eng.flush_cache()
     params = {"max_new_tokens": new, "ignore_eos": True, "temperature": 0}
@@ -154,10 +163,15 @@ def section_offline(args: argparse.Namespace) -> None:
     prompts = _random_prompts(n, inp, cfg.vocab_size, seed=7)
     eng = _engine(args.model, cuda_graph_max_bs=512, max_running_requests=512)
     try:
-        eng.generate(input_ids=prompts[:8], sampling_params={"max_new_tokens": 8, "ignore_eos": True})
+        eng.generate(
+            input_ids=prompts[:8], sampling_params={"max_new_tokens": 8, "ignore_eos": True}
+        )
         eng.flush_cache()
         t = time.perf_counter()
-        outs = eng.generate(input_ids=prompts, sampling_params={"max_new_tokens": outp, "ignore_eos": True, "temperature": 0})
+        outs = eng.generate(
+            input_ids=prompts,
+            sampling_params={"max_new_tokens": outp, "ignore_eos": True, "temperature": 0},
+        )
         dt = time.perf_counter() - t
         gen = sum(o["meta_info"]["completion_tokens"] for o in outs)
     finally:
@@ -256,7 +270,9 @@ def main(argv: list[str] | None = None) -> int:
                 json.dump(RESULTS, f, indent=2)
     hf = RESULTS.get("hf", {}).get("bs64_output_tok_s")
     if hf and "offline" in RESULTS:
-        RESULTS["offline"]["speedup_vs_transformers_bs64"] = round(RESULTS["offline"]["output_tok_s"] / hf, 2)
+        RESULTS["offline"]["speedup_vs_transformers_bs64"] = round(
+            RESULTS["offline"]["output_tok_s"] / hf, 2
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(RESULTS, f, indent=2)

@@ -25,12 +25,14 @@ logger = logging.getLogger(__name__)
 
 
 def batch_size_ladder(max_bs: int) -> list[int]:
-    sizes = [1, 2, 4, 8, 12, 16, 24] + list(range(32, max_bs + 1, 16))
+    sizes = [1, 2, 4, 8, 12, 16, 24, *list(range(32, max_bs + 1, 16))]
     return sorted({s for s in sizes if s <= max_bs} | {max_bs})
 
 
 class CudaGraphRunner:
-    def __init__(self, model: torch.nn.Module, attn: AttentionBackend, max_bs: int, device: torch.device) -> None:
+    def __init__(
+        self, model: torch.nn.Module, attn: AttentionBackend, max_bs: int, device: torch.device
+    ) -> None:
         self.model = model
         self.attn = attn
         self.device = device

@@ -200,7 +200,8 @@ class Engine:
         return resp.ok
 
     def get_server_info(self) -> dict[str, Any]:
-        info = {k: v for k, v in vars(self.server_args).items()}
+        info = dict(vars(self.server_args))
+        info.update(self._procs.info if self._procs else {})
         info.update(self._control("get_info"))
         info["model_name"] = self.model_name
         return info

@@ -6,6 +6,7 @@ other user and nothing on the network can reach them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from dataclasses import dataclass
@@ -32,14 +33,10 @@ class PortArgs:
     def cleanup(self) -> None:
         for addr in (self.tokenizer_ipc, self.scheduler_ipc, self.detokenizer_ipc):
             path = addr.removeprefix("ipc://")
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-            except FileNotFoundError:
-                pass
-        try:
+        with contextlib.suppress(OSError):
             os.rmdir(os.path.dirname(self.tokenizer_ipc.removeprefix("ipc://")))
-        except OSError:
-            pass
 
 
 def pull_socket(ctx: zmq.Context, addr: str) -> zmq.Socket:

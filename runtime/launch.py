@@ -58,7 +58,9 @@ class EngineProcesses:
         self.ports.cleanup()
 
 
-def launch_processes(args: ServerArgs, while_starting: Callable[[], Any] | None = None) -> EngineProcesses:
+def launch_processes(
+    args: ServerArgs, while_starting: Callable[[], Any] | None = None
+) -> EngineProcesses:
     """Start the children; run `while_starting` (e.g. load the tokenizer) while they boot; wait
     until both are ready. Raises EngineDeadError with the child's own error if one fails."""
     ports = PortArgs.new()

@@ -128,7 +128,12 @@ class ModelRunner:
             self.context_len,
         )
         kv = KVPool(
-            tokens, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, self.dtype, self.device
+            tokens,
+            cfg.num_hidden_layers,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            self.dtype,
+            self.device,
         )
         # NOTE: one spare row per request: a jump-forward or chunk may briefly need it.
         req_to_token = ReqToTokenPool(self.max_running, self.context_len + 1, self.device)

@@ -80,15 +80,26 @@ class ServerArgs:
                 f"attention_backend must be one of {ATTENTION_BACKENDS}", "attention_backend"
             )
         if self.mem_fraction_static is not None and not 0.05 <= self.mem_fraction_static <= 0.99:
-            raise InvalidRequestError("mem_fraction_static must be in [0.05, 0.99]", "mem_fraction_static")
-        for name in ("max_total_tokens", "max_running_requests", "max_queued_requests", "context_length"):
+            raise InvalidRequestError(
+                "mem_fraction_static must be in [0.05, 0.99]", "mem_fraction_static"
+            )
+        for name in (
+            "max_total_tokens",
+            "max_running_requests",
+            "max_queued_requests",
+            "context_length",
+        ):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise InvalidRequestError(f"{name} must be a positive integer", name)
-        if self.chunked_prefill_size is not None and self.chunked_prefill_size != -1 and (
-            self.chunked_prefill_size < 1
+        if (
+            self.chunked_prefill_size is not None
+            and self.chunked_prefill_size != -1
+            and (self.chunked_prefill_size < 1)
         ):
-            raise InvalidRequestError("chunked_prefill_size must be >= 1 or -1", "chunked_prefill_size")
+            raise InvalidRequestError(
+                "chunked_prefill_size must be >= 1 or -1", "chunked_prefill_size"
+            )
         if self.stream_interval < 1:
             raise InvalidRequestError("stream_interval must be >= 1", "stream_interval")
         if not 0 < self.port < 65536:

@@ -19,7 +19,9 @@ _DIGIT_SPLIT = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exao
 _CONTROL, _USER_DEFINED = 3, 4
 
 
-def load_server_tokenizer(args: ServerArgs, gguf: GGUFFile | None = None) -> PreTrainedTokenizerBase | None:
+def load_server_tokenizer(
+    args: ServerArgs, gguf: GGUFFile | None = None
+) -> PreTrainedTokenizerBase | None:
     """The tokenizer an engine with `args` uses (None with `skip_tokenizer_init`). Imports no torch."""
     if args.skip_tokenizer_init:
         return None

@@ -23,6 +23,7 @@ import zmq
 import zmq.asyncio
 
 from radixlm.runtime import io
+from radixlm.runtime.constrained.patterns import check_sampling_params
 from radixlm.runtime.errors import (
     EngineDeadError,
     InvalidRequestError,
@@ -133,6 +134,8 @@ class TokenizerManager:
         if self.dead:
             raise EngineDeadError(self.dead)
         sp = SamplingParams.from_dict(req.sampling_params, self.vocab_size)
+        # Constraints (regex / JSON schema / choices) fail here, before anything is sent.
+        check_sampling_params(sp, self.args.constrained_json_whitespace_pattern)
         if req.input_ids is not None:
             ids = req.input_ids
             if not isinstance(ids, list) or not all(

@@ -29,3 +29,25 @@ PARITY_PROMPTS = [
 
 def hf_greedy_outputs(ref: Any, prompts: list[str], max_new: int) -> list[list[int]]:
     return [ref.greedy(ref.tokenizer.encode(p), max_new) for p in prompts]
+
+
+def runner_logits(runner: Any, ids: list[int]) -> Any:
+    """All-position logits of one prompt through a ModelRunner (one EXTEND batch, no cache)."""
+    import torch
+
+    from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
+
+    n = len(ids)
+    row = runner.req_to_token.alloc()
+    slots = runner.kv_pool.allocator.alloc(n)
+    runner.req_to_token.write(row, 0, slots)
+    t = lambda v: torch.tensor(v, dtype=torch.int64, device=runner.device)  # noqa: E731
+    batch = ForwardBatch(
+        ForwardMode.EXTEND, 1, t(ids), t(list(range(n))), slots, t([row]), t([n]), [n],
+        [0], [n], t([0]), t([n]), t([0]), t(list(range(n))),
+    )  # fmt: skip
+    try:
+        return runner.compute_logits(runner.forward(batch))
+    finally:
+        runner.kv_pool.allocator.free(slots)
+        runner.req_to_token.free(row)

@@ -48,7 +48,9 @@ class TorchAttnBackend(AttentionBackend):
         meta = _ExtendMeta([], [], [], [])
         start = 0
         rows_cpu = rows.tolist()
-        for row, prefix, n in zip(rows_cpu, batch.extend_prefix_lens_cpu, batch.extend_seq_lens_cpu):
+        for row, prefix, n in zip(
+            rows_cpu, batch.extend_prefix_lens_cpu, batch.extend_seq_lens_cpu
+        ):
             total = prefix + n
             meta.slots.append(table[row, :total].to(torch.int64))
             if prefix == 0:
@@ -77,7 +79,13 @@ class TorchAttnBackend(AttentionBackend):
             ki = ki.to(q.dtype).transpose(0, 1).unsqueeze(0)  # [1, kvH, L, D]
             vi = vi.to(q.dtype).transpose(0, 1).unsqueeze(0)
             oi = F.scaled_dot_product_attention(
-                qi, ki, vi, attn_mask=mask, is_causal=mask is None, scale=self.scale, enable_gqa=True
+                qi,
+                ki,
+                vi,
+                attn_mask=mask,
+                is_causal=mask is None,
+                scale=self.scale,
+                enable_gqa=True,
             )
             out[start : start + n] = oi[0].transpose(0, 1)
         return out

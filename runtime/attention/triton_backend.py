@@ -61,9 +61,13 @@ class TritonAttnBackend(AttentionBackend):
         numel = decode_workspace_numel(bs, self.num_heads, self.head_dim, splits)
         if self._eager_buffer.numel() < numel:
             self._eager_buffer = torch.empty(
-                max(numel, 2 * self._eager_buffer.numel()), dtype=torch.float32, device=self.kv_pool.device
+                max(numel, 2 * self._eager_buffer.numel()),
+                dtype=torch.float32,
+                device=self.kv_pool.device,
             )
-        ws = alloc_decode_workspace(bs, self.num_heads, self.head_dim, splits, buffer=self._eager_buffer)
+        ws = alloc_decode_workspace(
+            bs, self.num_heads, self.head_dim, splits, buffer=self._eager_buffer
+        )
         batch.attn_metadata = _DecodeMeta(*ws)
 
     def forward(
@@ -114,7 +118,9 @@ class TritonAttnBackend(AttentionBackend):
     # ---- CUDA graphs ---------------------------------------------------------------------------
     def init_graph_state(self, max_bs: int) -> None:
         numel = max(
-            decode_workspace_numel(bs, self.num_heads, self.head_dim, self._splits(bs, self.max_context))
+            decode_workspace_numel(
+                bs, self.num_heads, self.head_dim, self._splits(bs, self.max_context)
+            )
             for bs in range(1, max_bs + 1)
         )
         self._graph_buffer = torch.empty(numel, dtype=torch.float32, device=self.kv_pool.device)
@@ -122,7 +128,9 @@ class TritonAttnBackend(AttentionBackend):
     def prepare_capture(self, bs: int, batch: ForwardBatch) -> None:
         assert self._graph_buffer is not None, "init_graph_state first"
         splits = self._splits(bs, self.max_context)
-        ws = alloc_decode_workspace(bs, self.num_heads, self.head_dim, splits, buffer=self._graph_buffer)
+        ws = alloc_decode_workspace(
+            bs, self.num_heads, self.head_dim, splits, buffer=self._graph_buffer
+        )
         batch.attn_metadata = _DecodeMeta(*ws)
 
     def prepare_replay(self, batch: ForwardBatch) -> None:

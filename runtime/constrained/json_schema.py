@@ -39,16 +39,24 @@ _DATE = (
     r"|02-(0[1-9]|1[0-9]|2[0-8]))"
 )
 _IPV4_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
-# Formats we write ourselves (outlines-core's allow dates like 2023-02-30, negative years, a time
-# without offset, and its time fraction is broken); the others outlines-core supports are kept.
+_HEX = "[0-9a-fA-F]"
+_URI_CHARS = r"[a-zA-Z0-9._~%!$&'()*+,;=:@/-]"
+# Formats we write ourselves. outlines-core's versions let invalid outputs through: dates like
+# 2023-02-30 and negative years, a time without offset and a broken fraction, an email with a
+# quoted local part and a URI with unescaped `"` (which end the JSON string early).
 OWN_FORMATS = {
     "date": f'"{_DATE}"',
     "time": f'"{_TIME}"',
     "date-time": f'"{_DATE}T{_TIME}"',
     "ipv4": f'"({_IPV4_OCTET}\\.){{3}}{_IPV4_OCTET}"',
+    "uuid": f'"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}"',
+    "email": r'"[a-zA-Z0-9._%+-]{1,64}@[a-zA-Z0-9-]{1,63}(\.[a-zA-Z0-9-]{1,63})*\.[a-zA-Z]{2,24}"',
+    "uri": (
+        rf'"(https?|ftp)://[a-zA-Z0-9.-]{{1,253}}(:[0-9]{{1,5}})?(/{_URI_CHARS}*)?'
+        rf'(\?{_URI_CHARS}*)?(#{_URI_CHARS}*)?"'
+    ),
 }
-OUTLINES_FORMATS = ("uuid", "email", "uri")
-SUPPORTED_FORMATS = (*OWN_FORMATS, *OUTLINES_FORMATS)
+SUPPORTED_FORMATS = tuple(OWN_FORMATS)
 _MARKER_BASE = 918273645500000000
 
 
@@ -189,14 +197,12 @@ class _Rewriter:
             raise _fail(
                 f"unsupported JSON-schema feature: format {fmt!r} with pattern/length at {path or '/'}"
             )
-        if fmt in OWN_FORMATS:
-            return self.marker(OWN_FORMATS[fmt])
-        if fmt not in OUTLINES_FORMATS:
+        if fmt not in OWN_FORMATS:
             raise _fail(
                 f"unsupported JSON-schema feature: string format {fmt!r} at {path or '/'} "
                 f"(supported: {', '.join(SUPPORTED_FORMATS)})"
             )
-        return None
+        return self.marker(OWN_FORMATS[fmt])
 
     def _object(self, node: dict, path: str) -> None:
         props = node.get("properties") or {}

@@ -113,7 +113,9 @@ class GGUFFile:
         for name, shape, ggml_type, data_off in infos:
             nbytes = _nbytes(ggml_type, shape)
             start = base + data_off
-            self.tensors[name] = GGUFTensor(name, shape, ggml_type, self._mm[start : start + nbytes])
+            self.tensors[name] = GGUFTensor(
+                name, shape, ggml_type, self._mm[start : start + nbytes]
+            )
 
     @property
     def architecture(self) -> str:
@@ -160,6 +162,7 @@ def _nbytes(ggml_type: int, shape: tuple[int, ...]) -> int:
 def dequantize(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> torch.Tensor:
     """De-quantize raw GGUF tensor bytes into a tensor of `shape` (float32; F16/BF16 keep their dtype)."""
     import torch  # NOTE: lazy, so that reading a GGUF's tokenizer does not import torch
+
     with warnings.catch_warnings():
         # NOTE: the memory map is read-only; torch warns about that but never writes through it.
         warnings.simplefilter("ignore", UserWarning)

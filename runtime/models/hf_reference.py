@@ -40,14 +40,22 @@ class HFReference:
         hf_cfg = source.config.to_hf_dict()
         config = AutoConfig.for_model(**hf_cfg)
         with dev:
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+            model = AutoModelForCausalLM.from_config(
+                config, dtype=dtype, attn_implementation="sdpa"
+            )
         missing, unexpected = model.load_state_dict(weights, strict=False)
-        missing = [m for m in missing if not (m == "lm_head.weight" and source.config.tie_word_embeddings)]
+        missing = [
+            m for m in missing if not (m == "lm_head.weight" and source.config.tie_word_embeddings)
+        ]
         if missing or unexpected:
-            raise ValueError(f"reference weights mismatch: missing={missing} unexpected={unexpected}")
+            raise ValueError(
+                f"reference weights mismatch: missing={missing} unexpected={unexpected}"
+            )
         if source.config.tie_word_embeddings:
             model.tie_weights()
-        tokenizer = None if source.load_format == "dummy" else load_tokenizer(source.path, source.gguf)
+        tokenizer = (
+            None if source.load_format == "dummy" else load_tokenizer(source.path, source.gguf)
+        )
         return cls(model.eval(), tokenizer, weights, source.config)
 
     @classmethod
@@ -69,7 +77,9 @@ class HFReference:
             with warnings.catch_warnings():  # transformers >= 5.2x renames past_key_values
                 warnings.simplefilter("ignore", FutureWarning)
                 out = self.model(
-                    torch.tensor([[tok]], device=dev), past_key_values=out.past_key_values, use_cache=True
+                    torch.tensor([[tok]], device=dev),
+                    past_key_values=out.past_key_values,
+                    use_cache=True,
                 )
         return tokens
 

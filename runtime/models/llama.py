@@ -206,14 +206,20 @@ class LlamaForCausalLM(nn.Module):
                 raise KeyError(f"unexpected weight {name!r} for {cfg.architecture}")
             dst = param.data if rows is None else param.data.narrow(0, rows[0], rows[1])
             if dst.shape != tensor.shape:
-                raise ValueError(f"weight {name!r}: shape {tuple(tensor.shape)} != {tuple(dst.shape)}")
+                raise ValueError(
+                    f"weight {name!r}: shape {tuple(tensor.shape)} != {tuple(dst.shape)}"
+                )
             dst.copy_(tensor)
             loaded.add(f"{target}:{rows}")
         expected = _expected_count(cfg)
         if len(loaded) != expected:
-            raise ValueError(f"checkpoint is incomplete: loaded {len(loaded)} of {expected} tensors")
+            raise ValueError(
+                f"checkpoint is incomplete: loaded {len(loaded)} of {expected} tensors"
+            )
 
 
 def _expected_count(cfg: ModelConfig) -> int:
-    per_layer = 3 + (3 if cfg.attention_bias else 0) + 1 + 2 + 1 + 2  # qkv(+bias), o, gate/up, down, norms
+    per_layer = (
+        3 + (3 if cfg.attention_bias else 0) + 1 + 2 + 1 + 2
+    )  # qkv(+bias), o, gate/up, down, norms
     return cfg.num_hidden_layers * per_layer + 2 + (0 if cfg.tie_word_embeddings else 1)

@@ -17,6 +17,7 @@ from radixlm.runtime.models.default_model import ModelNotFoundError, default_mod
 from radixlm.runtime.models.gguf_file import GGUFFile
 from radixlm.runtime.models.presets import PRESETS
 
+
 @dataclass(frozen=True)
 class ModelSource:
     path: str  # a GGUF file, an HF directory, or a preset name (dummy)
@@ -24,7 +25,9 @@ class ModelSource:
     config: ModelConfig
     gguf: GGUFFile | None = None
 
-    def iter_weights(self, device: torch.device, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    def iter_weights(
+        self, device: torch.device, dtype: torch.dtype
+    ) -> Iterator[tuple[str, torch.Tensor]]:
         if self.load_format == "gguf":
             assert self.gguf is not None
             yield from _iter_gguf(self.gguf, self.config)
@@ -48,7 +51,9 @@ def resolve_model(model_path: str | None, load_format: str = "auto") -> ModelSou
             f"dummy weights need a preset ({', '.join(sorted(PRESETS))}) or a config path; got {path!r}"
         )
     if not os.path.exists(path):
-        raise ModelNotFoundError(f"model path {path!r} does not exist (models are never downloaded)")
+        raise ModelNotFoundError(
+            f"model path {path!r} does not exist (models are never downloaded)"
+        )
     if path.endswith(".gguf") or load_format == "gguf":
         gguf = GGUFFile(path)
         return ModelSource(path, "gguf", gguf_config(gguf), gguf)

@@ -72,7 +72,10 @@ def reference_logits(
 
 @torch.no_grad()
 def reference_greedy(
-    weights: Mapping[str, torch.Tensor], config: ModelConfig, token_ids: list[int], max_new_tokens: int
+    weights: Mapping[str, torch.Tensor],
+    config: ModelConfig,
+    token_ids: list[int],
+    max_new_tokens: int,
 ) -> list[int]:
     """Greedy continuation by full recomputation (slow; tiny models only)."""
     ids = list(token_ids)

@@ -50,7 +50,9 @@ class RotaryEmbedding(torch.nn.Module):
         self.register_buffer("cos", freqs.cos(), persistent=False)
         self.register_buffer("sin", freqs.sin(), persistent=False)
         if fused:  # the Triton kernel's layout: [max_pos, D] = [cos | sin]
-            self.register_buffer("cos_sin", torch.cat([self.cos, self.sin], dim=-1), persistent=False)
+            self.register_buffer(
+                "cos_sin", torch.cat([self.cos, self.sin], dim=-1), persistent=False
+            )
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor

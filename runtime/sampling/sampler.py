@@ -37,16 +37,20 @@ def apply_logit_processors(logits: torch.Tensor, sb: SamplingBatch) -> torch.Ten
     if sb.vocab_mask is not None:
         from radixlm.kernels import token_bitmask
 
+        # NOTE: only the constrained rows are unpacked (`vocab_mask_rows`), the others untouched.
         if logits.is_cuda:
-            token_bitmask.apply_token_bitmask_inplace(logits, sb.vocab_mask)
+            token_bitmask.apply_token_bitmask_inplace(logits, sb.vocab_mask, sb.vocab_mask_rows)
         else:
-            token_bitmask.apply_token_bitmask_inplace_ref(logits, sb.vocab_mask)
+            token_bitmask.apply_token_bitmask_inplace_ref(logits, sb.vocab_mask, sb.vocab_mask_rows)
     return logits
 
 
+@torch.inference_mode()
 def sample(
     logits: torch.Tensor, sb: SamplingBatch, return_logprob: bool = False, top_logprobs_num: int = 0
 ) -> SampleOutput:
+    # NOTE: inference mode: the model runner's logits are inference tensors, which the logit
+    # processors edit in place.
     logits = apply_logit_processors(logits, sb)
     logprobs = top = None
     if return_logprob or top_logprobs_num:

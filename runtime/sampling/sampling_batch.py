@@ -41,6 +41,11 @@ class SamplingBatch:
     min_tokens_mask: torch.Tensor | None  # [B, V] bool: tokens banned this step
     logit_bias: torch.Tensor | None  # [B, V]
     vocab_mask: torch.Tensor | None = None  # [B, words] int32 packed grammar bitmask (1 = allowed)
+    vocab_mask_rows: torch.Tensor | None = None  # [K] rows the mask applies to (None: all)
+
+    def set_vocab_mask(self, mask: tuple[torch.Tensor, torch.Tensor | None] | None) -> None:
+        """Attach a grammar bitmask (see constrained/manager.py `build_mask`)."""
+        self.vocab_mask, self.vocab_mask_rows = mask if mask is not None else (None, None)
 
     @classmethod
     def from_reqs(cls, reqs: Sequence[SamplingReq], vocab: int, device: torch.device) -> SamplingBatch:

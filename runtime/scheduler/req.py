@@ -73,7 +73,7 @@ class Req:
         self.sent_ids = 0  # output ids already sent to the detokenizer
         self.sent_input_logprobs = 0
         self.first_sent = False
-        self.grammar: Any = None
+        self.grammar: Any = None  # constrained/base.py `Grammar`, set once it is compiled
 
     # ---- views ---------------------------------------------------------------------------------
     @property
@@ -114,12 +114,15 @@ class Req:
         sp = self.sampling_params
         n = len(self.output_ids)
         last = self.output_ids[-1]
+        if self.grammar is not None and self.grammar.is_terminated():
+            # NOTE: a complete constrained output ends here even before min_new_tokens: the
+            # grammar allows nothing but EOS any more.
+            matched = last if last in self.eos_ids or last in self.stop_token_ids else None
+            self.finished_reason = {"type": "stop", "matched": matched}
+            return
         if n >= sp.min_new_tokens:
             if last in self.eos_ids or last in self.stop_token_ids:
                 self.finished_reason = {"type": "stop", "matched": last}
-                return
-            if self.grammar is not None and self.grammar.is_terminated():
-                self.finished_reason = {"type": "stop", "matched": None}
                 return
             if sp.stop and tokenizer is not None:
                 tail = tokenizer.decode(

@@ -27,6 +27,8 @@ import torch
 import zmq
 
 from radixlm.runtime import io
+from radixlm.runtime.constrained.base import GrammarSpec
+from radixlm.runtime.constrained.setup import make_grammar_manager
 from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.forward_batch import ForwardMode
 from radixlm.runtime.ipc import PortArgs, TypedReceiver, pull_socket, push_socket, send
@@ -89,6 +91,9 @@ class Scheduler:
         self.detok_sock = push_socket(self.ctx, ports.detokenizer_ipc)
         self.tokenizer_sock = push_socket(self.ctx, ports.tokenizer_ipc)
         self.pending_outputs: list[io.ReqOut] = []
+        # Constrained decoding: compiles off this thread; requests wait in `grammars.pending`.
+        self.grammars = make_grammar_manager(args, self.tokenizer, self.config.vocab_size,
+                                             self.eos_ids, self.device)  # fmt: skip
 
     # ---- info ----------------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
@@ -110,7 +115,7 @@ class Scheduler:
 
     def load_info(self) -> dict[str, Any]:
         return {
-            "num_waiting": len(self.waiting),
+            "num_waiting": len(self.waiting) + len(self.grammars.pending),
             "num_running": len(self.running) + (self.chunked_req is not None),
             "free_slots": self.allocator.available(),
             "evictable_slots": self.cache.evictable_size(),
@@ -119,6 +124,8 @@ class Scheduler:
             "new_token_ratio": self.new_token_ratio,
             "forward_ct": self.forward_ct,
             **self.stats,
+            "jump_forward": self.grammars.stats["jumps"],
+            "jump_forward_tokens": self.grammars.stats["jump_tokens"],
         }
 
     @property
@@ -129,9 +136,10 @@ class Scheduler:
     def event_loop(self) -> None:
         while True:
             if self.idle and not self.pending_outputs:
-                self.recv_sock.poll(1000)
+                self.recv_sock.poll(5 if self.grammars.pending else 1000)
             for msg in self.recv_sock.recv_all():
                 self.handle(msg)
+            self.poll_grammars()
             batch = self.get_next_batch()
             if batch is not None:
                 self.run_batch(batch)
@@ -166,7 +174,21 @@ class Scheduler:
             arrival_time=msg.arrival_time,
             device=self.device,
         )
+        if sp.constraint is not None:
+            try:
+                req.grammar = self.grammars.submit(req, GrammarSpec.from_constraint(*sp.constraint))
+            except InvalidRequestError as exc:
+                self.emit_error(msg.rid, len(msg.input_ids), str(exc))
+                return
+            if req.grammar is None:
+                return  # compiling: `poll_grammars` queues it when ready
         self.waiting.append(req)
+
+    def poll_grammars(self) -> None:
+        ready, failed = self.grammars.poll()
+        self.waiting.extend(ready)
+        for req, message in failed:
+            self.emit_error(req.rid, len(req.origin_input_ids), message)
 
     def validate(self, msg: io.GenerateReq, sp: SamplingParams) -> None:
         n = len(msg.input_ids)
@@ -188,13 +210,12 @@ class Scheduler:
             )
         if sp.stop and self.tokenizer is None:
             raise InvalidRequestError("stop strings need a tokenizer (skip_tokenizer_init)", "stop")
-        if sp.constraint is not None:
-            raise InvalidRequestError(
-                f"constrained decoding ({sp.constraint[0]}) is not available in this build",
-                sp.constraint[0],
-            )
+        # NOTE: constraints are checked (again) and compiled by the grammar workers.
 
     def abort(self, rid: str) -> None:
+        for req in self.grammars.abort(rid):
+            req.abort("aborted")
+            self.pending_outputs.append(self.make_output(req))
         for req in list(self.waiting):
             if rid in ("", req.rid):
                 self.waiting.remove(req)
@@ -286,15 +307,33 @@ class Scheduler:
                 break
             victim = order.pop(0)
             self.running.remove(victim)
-            self.cache.cache_finished_req(victim)
-            victim.req_pool_idx = None
-            victim.prefix_slots = torch.empty(0, dtype=torch.int64)
-            victim.last_node = None
-            victim.computed = 0
+            self.requeue(victim)
             victim.times_retracted += 1
-            self.waiting.insert(0, victim)
             self.stats["retracted"] += 1
         self.new_token_ratio = 1.0
+
+    def requeue(self, req: Req) -> None:
+        """Hand a running request's KV to the prefix cache, free its row and put it first in the
+        queue; its next extend re-matches that KV and computes the rest."""
+        self.cache.cache_finished_req(req)
+        req.req_pool_idx = None
+        req.prefix_slots = torch.empty(0, dtype=torch.int64)
+        req.last_node = None
+        req.computed = 0
+        self.waiting.insert(0, req)
+
+    def jump_forward(self, reqs: list[Req]) -> None:
+        """Append the string each request's grammar forces (see constrained/jump_forward.py):
+        the KV of the old ids goes to the cache, the new ids are computed by an extend round."""
+        for req in reqs:
+            new_ids = self.grammars.try_jump(req)
+            if new_ids is None:
+                continue
+            if req in self.running:
+                self.running.remove(req)
+            # NOTE: requeue caches the KV under the *old* ids before they are replaced.
+            self.requeue(req)
+            req.output_ids = new_ids
 
     # ---- forward -------------------------------------------------------------------------------
     def run_batch(self, batch: ScheduleBatch) -> None:
@@ -320,6 +359,7 @@ class Scheduler:
             rows = torch.tensor([r for r in batch.sample_rows if r >= 0], device=hidden.device)
             logits = self.runner.compute_logits(hidden.index_select(0, rows))
             sb = SamplingBatch.from_reqs(sampling, self.config.vocab_size, self.device)
+            sb.set_vocab_mask(self.grammars.build_mask(sampling))
             want_lp = any(r.return_logprob for r in sampling)
             top_n = max((r.top_logprobs_num for r in sampling), default=0)
             out = sample(logits, sb, want_lp, top_n)
@@ -343,6 +383,8 @@ class Scheduler:
         if next_ids is not None:
             for k, req in enumerate(sampling):
                 self.append_token(req, next_ids[k], logprobs, top, k)
+            if self.grammars.jump_forward_enabled:
+                self.jump_forward(sampling)
         if batch.mode == ForwardMode.DECODE:
             self.finish_decode(batch)
             self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
@@ -354,6 +396,10 @@ class Scheduler:
             return
         if req.sampling_params.max_new_tokens == 0 and not req.output_ids:
             req.finished_reason = {"type": "length", "length": 0}
+            return
+        if req.grammar is not None and not req.grammar.accept(token):
+            # Only reachable when every token was masked out (e.g. by other logit processors).
+            req.abort(f"constrained decoding failed: the grammar rejected token {token}")
             return
         req.output_ids.append(token)
         self.stats["generated_tokens"] += 1
@@ -371,6 +417,8 @@ class Scheduler:
             req.is_chunked = False
             if req.finished:
                 self.release(req)
+            elif req.req_pool_idx is None:
+                pass  # NOTE: jump-forward already put it back in the queue (without a row)
             else:
                 self.cache.cache_unfinished_req(req)
                 self.running.append(req)

@@ -110,6 +110,8 @@ def validation_error(exc: ValidationError) -> ApiError:
             text = f"invalid JSON body: {err.get('ctx', {}).get('error', err.get('msg'))}"
         elif kind == "extra_forbidden":
             text = f"unknown field '{param}'"
+        elif kind in ("model_type", "model_attributes_type", "dict_type") and not loc:
+            text = "the request body must be a JSON object"
         elif kind == "missing":
             text = f"'{param}' is required"
         else:

@@ -65,7 +65,9 @@ def _decode(runner: ModelRunner, rows, positions, tokens, slots) -> torch.Tensor
         runner.req_to_token.write(r, p, s.view(1))
     t = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
     seq = [p + 1 for p in positions]
-    fb = ForwardBatch(ForwardMode.DECODE, len(rows), t(tokens), t(positions), loc, t(rows), t(seq), seq)
+    fb = ForwardBatch(
+        ForwardMode.DECODE, len(rows), t(tokens), t(positions), loc, t(rows), t(seq), seq
+    )
     return runner.forward(fb)
 
 
@@ -74,7 +76,7 @@ def test_triton_backend_matches_torch_backend(seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     runners = {name: _runner(name) for name in ("torch", "triton")}
     # Shuffled, non-contiguous slots per request row (as after evictions).
-    perm = torch.randperm(511, generator=gen)[:4 * 100] + 1
+    perm = torch.randperm(511, generator=gen)[: 4 * 100] + 1
     slots = {r: perm[r * 100 : (r + 1) * 100] for r in range(4)}
     prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (37, 5, 64, 1)]
     out = {}
@@ -87,7 +89,9 @@ def test_triton_backend_matches_torch_backend(seed: int) -> None:
         steps = []
         positions = [37, 8, 64, 23]
         for step in range(3):
-            steps.append(_decode(runner, [0, 1, 2, 3], [p + step for p in positions], [5, 6, 7, 8], slots))
+            steps.append(
+                _decode(runner, [0, 1, 2, 3], [p + step for p in positions], [5, 6, 7, 8], slots)
+            )
         out[name] = [h1, h2, *steps]
     for a, b in zip(out["torch"], out["triton"]):
         torch.testing.assert_close(b, a, rtol=2e-4, atol=2e-4)

@@ -33,10 +33,17 @@ class ServerProcess:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
-        self.log_file = tempfile.NamedTemporaryFile("w+", prefix="radixlm-server-", suffix=".log")
+        self.log_file = tempfile.NamedTemporaryFile("w+", prefix="radixlm-server-", suffix=".log")  # noqa: SIM115
         args = [*BASE_ARGS, *extra] + (["--api-key", api_key] if api_key else [])
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "radixlm.runtime.server.launch_server", "--port", str(self.port), *args],
+            [
+                sys.executable,
+                "-m",
+                "radixlm.runtime.server.launch_server",
+                "--port",
+                str(self.port),
+                *args,
+            ],
             stdout=self.log_file,
             stderr=subprocess.STDOUT,
         )
@@ -47,7 +54,9 @@ class ServerProcess:
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.logs()[-4000:]}")
+                raise RuntimeError(
+                    f"server exited with {self.proc.returncode}:\n{self.logs()[-4000:]}"
+                )
             try:
                 if httpx.get(self.base_url + "/health", timeout=2.0).status_code == 200:
                     return
@@ -139,3 +148,11 @@ def pid_gone(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] == "Z"
     except OSError:
         return True
+
+
+@pytest.fixture(scope="session")
+def helpers() -> Any:
+    """Helper functions for the test modules (they cannot import this conftest by name)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(sse_events=sse_events, pid_gone=pid_gone, free_port=free_port)

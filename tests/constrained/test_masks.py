@@ -1,0 +1,60 @@
+"""The token masks agree with a brute-force check over the whole vocabulary: for sampled FSM
+states, token t is allowed iff the text so far + t's bytes is a prefix of a string of the language
+(decided on interegular's character FSM), and EOS iff the text is a complete string."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from constrained.corpus import CASES
+from constrained.helpers import EOS, VOCAB, CharOracle, allowed_ids, make_compiler
+
+REGEX_NAMES = ["date", "ipv4", "email", "unicode_alt", "sentence", "json_regex", "choices_special"]
+SCHEMA_NAMES = ["person", "escapes_unicode", "enum_mixed"]
+STATES_PER_CASE = 4
+
+
+@pytest.fixture(scope="module")
+def compiler():
+    return make_compiler()
+
+
+def _regex_of(name: str) -> str:
+    from radixlm.runtime.constrained import GrammarSpec, spec_to_regex
+
+    case = next(c for c in CASES if c.name == name)
+    value = case.spec if case.kind != "json_schema" else __import__("json").dumps(case.spec)
+    return spec_to_regex(GrammarSpec.from_constraint(case.kind, value))
+
+
+@pytest.mark.parametrize("name", REGEX_NAMES + SCHEMA_NAMES)
+def test_masks_match_brute_force(compiler, name):
+    from radixlm.runtime.constrained import GrammarSpec
+
+    regex = _regex_of(name)
+    oracle = CharOracle(regex)
+    table = compiler.vocab.token_bytes
+    rng = random.Random(name)
+    for sample in range(STATES_PER_CASE):
+        grammar = compiler.compile(GrammarSpec("regex", regex))
+        state, pending = oracle.fsm.initial, b""
+        for _ in range(rng.randint(0, 3 + 4 * sample)):
+            choices = [t for t in allowed_ids(grammar).nonzero().flatten().tolist() if t != EOS]
+            if not choices:
+                break
+            token = rng.choice(choices)
+            assert grammar.accept(token)
+            walked = oracle.feed(state, pending, table[token])
+            assert walked is not None, f"{name}: the mask allowed {table[token]!r}"
+            state, pending = walked
+        mask = allowed_ids(grammar)
+        expected = torch.tensor(
+            [oracle.allowed(state, pending, table[t], t == EOS) for t in range(VOCAB)]
+        )
+        wrong = (mask != expected).nonzero().flatten().tolist()
+        detail = [(t, table[t], bool(mask[t])) for t in wrong[:8]]
+        assert not wrong, f"{name}: {len(wrong)} tokens disagree, e.g. {detail}"
+        assert bool(mask[EOS]) == (state in oracle.fsm.finals and not pending)

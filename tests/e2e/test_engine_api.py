@@ -1,0 +1,217 @@
+"""The Engine API on the real default model: streaming, async, n > 1, seeds, stop conditions,
+aborts, bad input, info/flush, and clean shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import threading
+import time
+
+import pytest
+
+from radixlm.runtime.errors import InvalidRequestError
+
+GREEDY = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
+PROMPT = "The three most important inventions in history are"
+
+
+def test_stream_is_cumulative_and_ends_with_the_non_stream_result(engine) -> None:
+    full = engine.generate(PROMPT, GREEDY)
+    chunks = list(engine.generate(PROMPT, GREEDY, stream=True))
+    texts = [c["text"] for c in chunks]
+    assert all(b.startswith(a) for a, b in itertools.pairwise(texts))
+    assert texts[-1] == full["text"] and chunks[-1]["output_ids"] == full["output_ids"]
+    assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 24}
+    assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
+
+
+def test_async_generate_and_async_stream(engine) -> None:
+    async def run():
+        one = await engine.async_generate(PROMPT, GREEDY)
+        chunks = [c async for c in await engine.async_generate(PROMPT, GREEDY, stream=True)]
+        batch = await engine.async_generate([PROMPT, "Hello"], GREEDY)
+        return one, chunks, batch
+
+    one, chunks, batch = asyncio.run(run())
+    assert chunks[-1]["text"] == one["text"] == batch[0]["text"]
+    assert len(batch) == 2
+
+
+def test_batch_stream_chunks_carry_their_index(engine) -> None:
+    chunks = list(
+        engine.generate([PROMPT, "Hi there"], {**GREEDY, "max_new_tokens": 4}, stream=True)
+    )
+    finals = {c["index"]: c for c in chunks if c["meta_info"]["finish_reason"]}
+    assert set(finals) == {0, 1}
+
+
+def test_n_samples_share_the_prompt_kv(engine) -> None:
+    prompt = "List some colors of the rainbow in a different order each time:"
+    outs = engine.generate(prompt, {"n": 4, "temperature": 1.0, "max_new_tokens": 12, "seed": 3})
+    assert len(outs) == 4
+    assert all(o["meta_info"]["cached_tokens"] > 0 for o in outs)
+    assert len({tuple(o["output_ids"]) for o in outs}) > 1
+
+
+def test_seeded_sampling_is_reproducible_whatever_the_batch(engine) -> None:
+    params = {"temperature": 0.9, "top_p": 0.95, "max_new_tokens": 16, "seed": 1234}
+    alone = engine.generate(PROMPT, params)["output_ids"]
+    again = engine.generate(PROMPT, params)["output_ids"]
+    in_batch = engine.generate(["Other prompt", PROMPT], [{**params, "seed": 5}, params])[1][
+        "output_ids"
+    ]
+    assert alone == again == in_batch
+    other = engine.generate(PROMPT, {**params, "seed": 4321})["output_ids"]
+    assert other != alone
+
+
+def test_stop_string_is_cut_and_never_streamed(engine) -> None:
+    full = engine.generate(PROMPT, GREEDY)["text"]
+    words = full.split()
+    stop = words[len(words) // 2]
+    expected = full[: full.find(stop)]
+    params = {**GREEDY, "stop": [stop]}
+    out = engine.generate(PROMPT, params)
+    assert out["text"] == expected
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    chunks = [c["text"] for c in engine.generate(PROMPT, params, stream=True)]
+    assert chunks[-1] == expected and all(stop not in c for c in chunks)
+
+
+def test_stop_token_ids_min_tokens_and_zero_tokens(engine) -> None:
+    ids = engine.generate(PROMPT, GREEDY)["output_ids"]
+    stopped = engine.generate(PROMPT, {**GREEDY, "stop_token_ids": [ids[3]]})
+    assert stopped["output_ids"] == ids[: ids.index(ids[3]) + 1]
+    assert stopped["meta_info"]["finish_reason"] == {"type": "stop", "matched": ids[3]}
+    chat = "<|im_start|>user\nSay OK.<|im_end|>\n<|im_start|>assistant\n"
+    short = engine.generate(chat, {"temperature": 0, "max_new_tokens": 64})
+    assert short["meta_info"]["finish_reason"]["type"] == "stop"  # the model ends with <|im_end|>
+    n = short["meta_info"]["completion_tokens"]
+    longer = engine.generate(
+        chat, {"temperature": 0, "max_new_tokens": 64, "min_new_tokens": n + 5}
+    )
+    assert longer["meta_info"]["completion_tokens"] >= n + 5
+    zero = engine.generate(PROMPT, {"max_new_tokens": 0})
+    assert zero["output_ids"] == [] and zero["text"] == ""
+    assert zero["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"sampling_params": {"temperature": -1}}, "temperature"),
+        ({"sampling_params": {"max_new_tokens": 10**6}}, "max_new_tokens"),
+        ({"sampling_params": {"bogus": 1}}, "bogus"),
+        ({"top_logprobs_num": 1000, "return_logprob": True}, "top_logprobs_num"),
+        ({"logprob_start_len": 10**4, "return_logprob": True}, "logprob_start_len"),
+    ],
+)
+def test_invalid_requests_raise_and_the_engine_keeps_serving(engine, kwargs, field) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        engine.generate(PROMPT, **kwargs)
+    assert field in str(info.value)
+    assert engine.generate("Hi", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+
+
+def test_bad_prompts_are_rejected(engine) -> None:
+    with pytest.raises(InvalidRequestError):
+        engine.generate("")
+    with pytest.raises(InvalidRequestError):
+        engine.generate(input_ids=[10**7])
+    with pytest.raises(InvalidRequestError):
+        engine.generate("word " * 9000)  # beyond the context length
+
+
+def test_abort_by_request_id(engine) -> None:
+    results = []
+
+    def run():
+        results.extend(
+            engine.generate(
+                PROMPT, {"max_new_tokens": 400, "ignore_eos": True}, stream=True, rid="long-1"
+            )
+        )
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(1.0)
+    engine.abort_request("long-1")
+    thread.join(60)
+    assert not thread.is_alive()
+    assert results[-1]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert results[-1]["meta_info"]["completion_tokens"] < 400
+
+
+def test_shared_prefix_hits_the_cache_and_is_faster_to_first_token(engine) -> None:
+    context = " ".join(
+        f"Fact {i}: the number {i} is {'even' if i % 2 == 0 else 'odd'}." for i in range(120)
+    )
+
+    def ttft(question: str) -> tuple[float, int]:
+        t = time.perf_counter()
+        stream = engine.generate(context + question, {"max_new_tokens": 1}, stream=True)
+        first = next(iter(stream))
+        dt = time.perf_counter() - t
+        for _ in stream:
+            pass
+        return dt, first["meta_info"]["cached_tokens"]
+
+    engine.flush_cache()
+    cold, cached_cold = ttft(" Is 7 even?")
+    warm, cached_warm = ttft(" Is 8 even?")
+    assert cached_cold == 0 and cached_warm > 1000
+    assert warm < cold
+
+
+def test_server_info_and_flush_cache(engine) -> None:
+    info = engine.get_server_info()
+    for key in ("max_total_num_tokens", "context_length", "model_name", "free_slots", "device"):
+        assert key in info
+    engine.generate(PROMPT, {"max_new_tokens": 2})
+    assert engine.get_server_info()["evictable_slots"] > 0
+    assert engine.flush_cache() is True
+    after = engine.get_server_info()
+    assert after["evictable_slots"] == 0 and after["free_slots"] == after["max_total_num_tokens"]
+
+
+def test_token_ids_only_engine_with_dummy_weights() -> None:
+    from radixlm.runtime.engine import Engine
+
+    with Engine(model_path="tiny-llama", load_format="dummy", skip_tokenizer_init=True) as eng:
+        out = eng.generate(
+            input_ids=[1, 5, 9, 11], sampling_params={"max_new_tokens": 5, "ignore_eos": True}
+        )
+        assert len(out["output_ids"]) == 5 and out["text"] == ""
+        with pytest.raises(InvalidRequestError):
+            eng.generate("text needs a tokenizer")
+        pids = [eng.get_server_info()[f"{role}_pid"] for role in ("scheduler", "detokenizer")]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids)
+
+
+def test_engine_arguments_are_checked() -> None:
+    from radixlm.runtime.engine import Engine
+    from radixlm.runtime.models.default_model import ModelNotFoundError
+
+    with pytest.raises(TypeError, match="bogus_flag"):
+        Engine(bogus_flag=1)
+    with pytest.raises(InvalidRequestError, match="schedule_policy"):
+        Engine(schedule_policy="nope")
+    with pytest.raises(ModelNotFoundError):
+        Engine(model_path="/nonexistent/model")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purpose
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False

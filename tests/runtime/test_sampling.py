@@ -1,0 +1,144 @@
+"""Sampling parameters validation and the sampler's math (filters, penalties, seeds)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from radixlm.runtime.errors import InvalidRequestError
+from radixlm.runtime.sampling.sampler import apply_logit_processors, sample
+from radixlm.runtime.sampling.sampling_batch import SamplingBatch
+from radixlm.runtime.sampling.sampling_params import SamplingParams
+
+V = 50
+
+BAD_PARAMS = [
+    ({"max_new_tokens": -1}, "max_new_tokens"),
+    ({"max_new_tokens": 1.5}, "max_new_tokens"),
+    ({"max_new_tokens": "8"}, "max_new_tokens"),
+    ({"min_new_tokens": 5, "max_new_tokens": 2}, "min_new_tokens"),
+    ({"temperature": -0.1}, "temperature"),
+    ({"temperature": math.nan}, "temperature"),
+    ({"temperature": math.inf}, "temperature"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"top_k": 0}, "top_k"),
+    ({"top_k": -2}, "top_k"),
+    ({"min_p": 2.0}, "min_p"),
+    ({"frequency_penalty": 3.0}, "frequency_penalty"),
+    ({"presence_penalty": -2.5}, "presence_penalty"),
+    ({"repetition_penalty": 0.0}, "repetition_penalty"),
+    ({"n": 0}, "n"),
+    ({"n": 1000}, "n"),
+    ({"seed": -1}, "seed"),
+    ({"stop": [""]}, "stop"),
+    ({"stop": 3}, "stop"),
+    ({"stop": ["x"] * 1000}, "stop"),
+    ({"stop_token_ids": [V + 1]}, "stop_token_ids"),
+    ({"stop_token_ids": ["a"]}, "stop_token_ids"),
+    ({"ignore_eos": "yes"}, "ignore_eos"),
+    ({"regex": "a", "json_schema": "{}"}, "json_schema"),
+    ({"regex": ""}, "regex"),
+    ({"choices": []}, "choices"),
+    ({"logit_bias": {"99999": 1.0}}, "logit_bias"),
+    ({"logit_bias": {"1": 500.0}}, "logit_bias"),
+    ({"max_tokens": 8}, "max_tokens"),
+    ({"temprature": 0.5}, "temprature"),
+]
+
+
+@pytest.mark.parametrize(("params", "field"), BAD_PARAMS)
+def test_invalid_params_name_the_field(params, field) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        SamplingParams.from_dict(params, vocab_size=V)
+    assert info.value.field == field
+    assert field in str(info.value)
+
+
+def test_defaults_and_normalisation() -> None:
+    sp = SamplingParams.from_dict(
+        {"stop": "END", "stop_token_ids": 7, "max_new_tokens": 4.0, "seed": None}
+    )
+    assert sp.stop == ["END"] and sp.stop_token_ids == [7] and sp.max_new_tokens == 4
+    assert sp.seed is None and not sp.is_greedy
+    assert SamplingParams.from_dict({"temperature": 0}).is_greedy
+
+
+class _Req:
+    def __init__(
+        self,
+        seed: int | None = None,
+        out: list[int] | None = None,
+        prompt: list[int] | None = None,
+        **sp,
+    ):
+        self.sampling_params = SamplingParams.from_dict(sp, V)
+        self.generator = None if seed is None else torch.Generator().manual_seed(seed)
+        self.origin_input_ids = prompt or [1]
+        self.output_ids = out or []
+        self.stop_ids_for_min_tokens = (2,)
+
+
+def _batch(*reqs: _Req) -> SamplingBatch:
+    return SamplingBatch.from_reqs(list(reqs), V, torch.device("cpu"))
+
+
+def test_greedy_is_argmax_and_logprobs_are_log_softmax() -> None:
+    logits = torch.randn(3, V)
+    out = sample(logits.clone(), _batch(*[_Req(temperature=0)] * 3), True, 4)
+    assert out.next_token_ids.tolist() == logits.argmax(-1).tolist()
+    ref = torch.log_softmax(logits, -1)
+    assert torch.allclose(out.logprobs, ref.gather(1, out.next_token_ids[:, None]).squeeze(1))
+    assert torch.equal(out.top_logprobs[1], ref.topk(4).indices)
+
+
+def test_seeded_rows_are_reproducible_and_independent_of_the_batch() -> None:
+    logits = torch.randn(4, V)
+    a = sample(logits.clone(), _batch(_Req(seed=7), _Req(seed=8), _Req(seed=9), _Req(seed=10)))
+    b = sample(logits[[0, 2]].clone(), _batch(_Req(seed=7), _Req(seed=9)))
+    assert a.next_token_ids[[0, 2]].tolist() == b.next_token_ids.tolist()
+    # Different seeds draw differently somewhere over many steps.
+    draws = {
+        sample(logits[:1].clone(), _batch(_Req(seed=s))).next_token_ids.item() for s in range(30)
+    }
+    assert len(draws) > 1
+
+
+def test_top_k_top_p_min_p_keep_only_allowed_tokens() -> None:
+    probs = torch.tensor([0.4, 0.3, 0.2, 0.1] + [0.0] * (V - 4))
+    logits = probs.clamp_min(1e-12).log().expand(200, V).clone()
+    for sp, allowed in (
+        ({"top_k": 2}, {0, 1}),
+        ({"top_p": 0.65}, {0, 1}),
+        ({"top_p": 0.75}, {0, 1, 2}),
+        ({"min_p": 0.6}, {0, 1}),
+    ):
+        reqs = [_Req(seed=i, **sp) for i in range(200)]
+        drawn = set(sample(logits.clone(), _batch(*reqs)).next_token_ids.tolist())
+        assert drawn == allowed, sp
+
+
+def test_penalties_follow_openai_and_hf_definitions() -> None:
+    logits = torch.full((1, V), 1.0)
+    logits[0, 3] = -2.0
+    out = apply_logit_processors(
+        logits.clone(), _batch(_Req(out=[5, 5, 3], frequency_penalty=0.5, presence_penalty=0.25))
+    )
+    assert out[0, 5] == pytest.approx(1.0 - 2 * 0.5 - 0.25)
+    assert out[0, 3] == pytest.approx(-2.0 - 0.5 - 0.25)
+    assert out[0, 7] == 1.0
+    rep = apply_logit_processors(
+        logits.clone(), _batch(_Req(out=[3], prompt=[5], repetition_penalty=2.0))
+    )
+    assert rep[0, 5] == pytest.approx(0.5) and rep[0, 3] == pytest.approx(-4.0) and rep[0, 7] == 1.0
+
+
+def test_min_new_tokens_bans_eos_and_logit_bias_applies() -> None:
+    logits = torch.zeros(1, V)
+    logits[0, 2] = 10.0
+    out = sample(logits.clone(), _batch(_Req(temperature=0, min_new_tokens=3)))
+    assert out.next_token_ids.item() != 2
+    biased = sample(torch.zeros(1, V), _batch(_Req(temperature=0, logit_bias={"9": 5.0})))
+    assert biased.next_token_ids.item() == 9
