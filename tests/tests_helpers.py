@@ -27,6 +27,21 @@ PARITY_PROMPTS = [
 ]
 
 
+def pid_alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie counts as dead)."""
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def hf_greedy_outputs(ref: Any, prompts: list[str], max_new: int) -> list[list[int]]:
     return [ref.greedy(ref.tokenizer.encode(p), max_new) for p in prompts]
 

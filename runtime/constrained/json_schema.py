@@ -75,7 +75,9 @@ def parse_schema(text: str) -> Any:
         cls.check_schema(schema)
     except jsonschema.SchemaError as exc:
         where = "/" + "/".join(map(str, exc.path)) if exc.path else "the root"
-        raise GrammarError(f"invalid JSON schema at {where}: {exc.message}", "json_schema") from None
+        raise GrammarError(
+            f"invalid JSON schema at {where}: {exc.message}", "json_schema"
+        ) from None
     return schema
 
 
@@ -124,7 +126,9 @@ class _Rewriter:
             if kw in node and not (kw == "uniqueItems" and node[kw] is False):
                 raise _fail(f"unsupported JSON-schema feature '{kw}' at {path or '/'}")
         if "$ref" in node and not str(node["$ref"]).startswith("#"):
-            raise _fail(f"unsupported JSON-schema feature: remote $ref {node['$ref']!r} at {path or '/'}")
+            raise _fail(
+                f"unsupported JSON-schema feature: remote $ref {node['$ref']!r} at {path or '/'}"
+            )
         self._check_combinators(node, path)
         types = node.get("type")
         if isinstance(types, list) and len(types) > 1 and any(k in node for k in _BOUNDS):
@@ -142,7 +146,9 @@ class _Rewriter:
                 try:
                     return self.marker(num_range.number_regex(node))
                 except ValueError as exc:
-                    raise _fail(f"unsupported JSON-schema feature: {exc} at {path or '/'}") from None
+                    raise _fail(
+                        f"unsupported JSON-schema feature: {exc} at {path or '/'}"
+                    ) from None
             if kind == "string":
                 fmt = self._string(node, path)
                 if fmt is not None:
@@ -177,7 +183,9 @@ class _Rewriter:
                 f"{path or '/'} (only annotations may sit next to anyOf/oneOf/allOf/$ref)"
             )
         if "allOf" in node and len(node["allOf"]) > 1:
-            raise _fail(f"unsupported JSON-schema feature: allOf with several schemas at {path or '/'}")
+            raise _fail(
+                f"unsupported JSON-schema feature: allOf with several schemas at {path or '/'}"
+            )
 
     def _string(self, node: dict, path: str) -> dict | None:
         fmt = node.get("format")
@@ -208,7 +216,9 @@ class _Rewriter:
         props = node.get("properties") or {}
         for name in props:
             if any(c in name for c in '"\\') or any(ord(c) < 0x20 for c in name):
-                raise _fail(f"unsupported JSON-schema feature: property name {name!r} needs escaping")
+                raise _fail(
+                    f"unsupported JSON-schema feature: property name {name!r} needs escaping"
+                )
         missing = [r for r in node.get("required", []) if r not in props]
         if missing:
             raise _fail(
@@ -229,6 +239,8 @@ class _Rewriter:
                 del node["items"]
             bad = [k for k in ("items", "minItems", "maxItems") if k in node]
             if bad:
-                raise _fail(f"unsupported JSON-schema feature: prefixItems with {bad} at {path or '/'}")
+                raise _fail(
+                    f"unsupported JSON-schema feature: prefixItems with {bad} at {path or '/'}"
+                )
         elif node.get("items") is False:
             raise _fail(f"unsupported JSON-schema feature: items false at {path or '/'}")

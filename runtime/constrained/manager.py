@@ -32,11 +32,19 @@ COMPILE_WORKERS = 2
 
 
 @dataclass
+class _Job:
+    """One compile on the pool; `started` is set by the worker when it begins (queued time does
+    not count against the timeout)."""
+
+    future: Future | None = None
+    started: float | None = None
+
+
+@dataclass
 class _Pending:
     req: Any  # scheduler Req
     spec: GrammarSpec
-    future: Future
-    deadline: float
+    job: _Job
 
 
 class GrammarManager:
@@ -57,7 +65,7 @@ class GrammarManager:
         self.tokenizer = tokenizer
         self.device = device or torch.device("cpu")
         self.pending: list[_Pending] = []
-        self._inflight: dict[GrammarSpec, Future] = {}
+        self._inflight: dict[GrammarSpec, _Job] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._mask_buf = torch.empty(0, self.words, dtype=torch.int32)
         self.stats = {"jumps": 0, "jump_tokens": 0, "mask_s": 0.0, "mask_rows": 0}
@@ -67,19 +75,29 @@ class GrammarManager:
         """Start compiling `req`'s grammar. Returns the grammar at once on a cache hit (the
         caller queues the request); otherwise parks the request in `pending` and returns None."""
         if self.compiler is None:
-            raise GrammarError("constrained decoding needs a tokenizer (skip_tokenizer_init)", spec.kind)
+            raise GrammarError(
+                "constrained decoding needs a tokenizer (skip_tokenizer_init)", spec.kind
+            )
         cached = getattr(self.compiler, "cached", None)
         grammar = cached(spec) if cached is not None else None
         if grammar is not None:
             return grammar
-        future = self._inflight.get(spec)
-        if future is None:
+        job = self._inflight.get(spec)
+        if job is None:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(COMPILE_WORKERS, thread_name_prefix="radixlm-grammar")
-            future = self._pool.submit(self.compiler.compile, spec)
-            self._inflight[spec] = future
-        self.pending.append(_Pending(req, spec, future, time.monotonic() + self.compile_timeout))
+                self._pool = ThreadPoolExecutor(
+                    COMPILE_WORKERS, thread_name_prefix="radixlm-grammar"
+                )
+            job = _Job()
+            job.future = self._pool.submit(self._compile, self.compiler, spec, job)
+            self._inflight[spec] = job
+        self.pending.append(_Pending(req, spec, job))
         return None
+
+    @staticmethod
+    def _compile(compiler: GrammarCompiler, spec: GrammarSpec, job: _Job) -> Grammar:
+        job.started = time.monotonic()  # NOTE: a float store: atomic, read by the loop thread
+        return compiler.compile(spec)
 
     def poll(self) -> tuple[list[Any], list[tuple[Any, str]]]:
         """(requests whose `grammar` is now set, [(request, error message)]) since the last poll."""
@@ -90,17 +108,19 @@ class GrammarManager:
         now = time.monotonic()
         still: list[_Pending] = []
         for p in self.pending:
-            if p.future.done():
-                exc = p.future.exception()
+            future, started = p.job.future, p.job.started
+            assert future is not None
+            if future.done():
+                exc = future.exception()
                 if exc is None:
-                    template: Grammar = p.future.result()
+                    template: Grammar = future.result()
                     # NOTE: the future's grammar is shared by every request of this compile;
                     # each request gets its own copy (the template is never advanced).
                     p.req.grammar = template.copy()
                     ready.append(p.req)
                 else:
                     failed.append((p.req, _message(p.spec, exc)))
-            elif now >= p.deadline:
+            elif started is not None and now - started >= self.compile_timeout:
                 failed.append(
                     (
                         p.req,
@@ -111,7 +131,7 @@ class GrammarManager:
             else:
                 still.append(p)
         self.pending = still
-        for spec in [s for s, f in self._inflight.items() if f.done()]:
+        for spec in [s for s, j in self._inflight.items() if j.future and j.future.done()]:
             del self._inflight[spec]
         return ready, failed
 

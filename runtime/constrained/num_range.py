@@ -83,7 +83,10 @@ def integer_regex(lo: int | None, hi: int | None) -> str:
 
 def integer_bounds(schema: dict) -> tuple[int | None, int | None]:
     """Inclusive integer bounds of an integer schema (draft 4 boolean exclusives too)."""
-    lo, hi = _bound(schema, "minimum", "exclusiveMinimum"), _bound(schema, "maximum", "exclusiveMaximum")
+    lo, hi = (
+        _bound(schema, "minimum", "exclusiveMinimum"),
+        _bound(schema, "maximum", "exclusiveMaximum"),
+    )
     ilo = None if lo is None else (math.floor(lo[0]) + 1 if lo[1] else math.ceil(lo[0]))
     ihi = None if hi is None else (math.ceil(hi[0]) - 1 if hi[1] else math.floor(hi[0]))
     return ilo, ihi
@@ -122,7 +125,10 @@ def _magnitude(lo: int, lo_excl: bool, hi: int | None, hi_excl: bool) -> list[st
 
 def number_regex(schema: dict) -> str:
     """JSON numbers within the schema's bounds; integer-valued bounds only (else ValueError)."""
-    lo, hi = _bound(schema, "minimum", "exclusiveMinimum"), _bound(schema, "maximum", "exclusiveMaximum")
+    lo, hi = (
+        _bound(schema, "minimum", "exclusiveMinimum"),
+        _bound(schema, "maximum", "exclusiveMaximum"),
+    )
     for b, name in ((lo, "minimum"), (hi, "maximum")):
         if b is not None and float(b[0]) != math.floor(b[0]):
             raise ValueError(f"number {name} {b[0]} (only integer-valued bounds are supported)")

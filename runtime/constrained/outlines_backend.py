@@ -200,7 +200,9 @@ class OutlinesCompiler(GrammarCompiler):
     def vocab(self) -> TokenVocab:
         with self._lock:
             if self._vocab is None:
-                self._vocab = TokenVocab.from_tokenizer(self.tokenizer, self.vocab_size, self.eos_ids)
+                self._vocab = TokenVocab.from_tokenizer(
+                    self.tokenizer, self.vocab_size, self.eos_ids
+                )
             return self._vocab
 
     def key(self, spec: GrammarSpec) -> tuple:

@@ -77,8 +77,10 @@ def spec_to_regex(spec: GrammarSpec, whitespace_pattern: str | None = None) -> s
         return schema_to_regex(spec.value, whitespace_pattern)
     if spec.kind == "choices":
         choices = spec.value
-        if not isinstance(choices, tuple) or not choices or not all(
-            isinstance(c, str) and c for c in choices
+        if (
+            not isinstance(choices, tuple)
+            or not choices
+            or not all(isinstance(c, str) and c for c in choices)
         ):
             raise GrammarError("choices must be a non-empty list of non-empty strings", "choices")
         if len(choices) > MAX_CHOICES:

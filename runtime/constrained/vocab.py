@@ -77,7 +77,9 @@ class TokenVocab:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
-    def from_tokenizer(cls, tokenizer: Any, vocab_size: int, eos_ids: tuple[int, ...]) -> TokenVocab:
+    def from_tokenizer(
+        cls, tokenizer: Any, vocab_size: int, eos_ids: tuple[int, ...]
+    ) -> TokenVocab:
         table = token_bytes_table(tokenizer, vocab_size)
         for eos in eos_ids:
             if 0 <= eos < vocab_size:

@@ -51,10 +51,14 @@ def check(case: Case, text: str) -> None:
         jsonschema.validate(value, case.spec, format_checker=checker)
 
 
-NAME = {"type": "string", "maxLength": 24}
+NAME = {"type": "string", "maxLength": 16}
 ADDRESS = {
     "type": "object",
-    "properties": {"street": NAME, "city": NAME, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+    "properties": {
+        "street": NAME,
+        "city": NAME,
+        "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+    },
     "required": ["street", "city", "zip"],
 }
 
@@ -84,7 +88,7 @@ SCHEMA_CASES = [
     Case("enum", "json_schema", {"type": "object", "properties": {"size": {"enum": ["small", "medium", "large"]}}, "required": ["size"]}, "How big is an elephant? Answer in JSON."),
     Case("const", "json_schema", {"type": "object", "properties": {"version": {"const": 2}, "kind": {"const": "report"}}, "required": ["version", "kind"]}, "Write a report header in JSON."),
     Case("optional", "json_schema", {"type": "object", "properties": {"title": NAME, "subtitle": NAME, "pages": {"type": "integer", "minimum": 1, "maximum": 999}}, "required": ["title"]}, "Describe a book in JSON."),
-    Case("escapes_unicode", "json_schema", {"type": "object", "properties": {"quote": {"type": "string", "maxLength": 40}}, "required": ["quote"]}, 'Put this text in JSON: She said "héllo" to the café owner ☺'),
+    Case("escapes_unicode", "json_schema", {"type": "object", "properties": {"quote": {"type": "string", "maxLength": 32}}, "required": ["quote"]}, 'Put this text in JSON: She said "héllo" to the café owner ☺'),
     Case("pattern", "json_schema", {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{3}$"}}, "required": ["code"]}, "Give a product code like ABC-123 in JSON."),
     Case("lengths", "json_schema", {"type": "object", "properties": {"word": {"type": "string", "minLength": 3, "maxLength": 8}}, "required": ["word"]}, "Give a word in JSON."),
     Case("int_bounds", "json_schema", {"type": "object", "properties": {"year": {"type": "integer", "minimum": 1900, "maximum": 2100}, "neg": {"type": "integer", "exclusiveMinimum": -10, "exclusiveMaximum": 0}}, "required": ["year", "neg"]}, "Give a year and a small negative number in JSON."),

@@ -96,7 +96,11 @@ class CharOracle:
         if not tail:
             return True
         for sym in self.explicit:
-            if len(sym) == 1 and sym.encode("utf-8").startswith(tail) and self.step(state, sym) is not None:
+            if (
+                len(sym) == 1
+                and sym.encode("utf-8").startswith(tail)
+                and self.step(state, sym) is not None
+            ):
                 return True
         other_key = self.fsm.alphabet._symbol_mapping.get(self.other)
         if other_key is None or self.fsm.map.get(state, {}).get(other_key) not in self.live:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from constrained.corpus import CASES, check
 from constrained.helpers import EOS, allowed_ids, make_compiler
 
@@ -52,7 +51,9 @@ def test_random_walks_are_valid(compiler, case):
     from radixlm.runtime.constrained import GrammarSpec
 
     kind, value = case.kind, case.spec
-    spec = GrammarSpec.from_constraint(kind, __import__("json").dumps(value) if kind == "json_schema" else value)
+    spec = GrammarSpec.from_constraint(
+        kind, __import__("json").dumps(value) if kind == "json_schema" else value
+    )
     rng = random.Random(case.name)
     done = 0
     for _ in range(WALKS):

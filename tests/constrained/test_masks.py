@@ -8,7 +8,6 @@ import random
 
 import pytest
 import torch
-
 from constrained.corpus import CASES
 from constrained.helpers import EOS, VOCAB, CharOracle, allowed_ids, make_compiler
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import threading
 import time
 
 import pytest
 
 from radixlm.runtime.errors import InvalidRequestError
+from tests_helpers import pid_alive
 
 GREEDY = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
 PROMPT = "The three most important inventions in history are"
@@ -188,9 +188,9 @@ def test_token_ids_only_engine_with_dummy_weights() -> None:
             eng.generate("text needs a tokenizer")
         pids = [eng.get_server_info()[f"{role}_pid"] for role in ("scheduler", "detokenizer")]
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
         time.sleep(0.1)
-    assert not any(_alive(p) for p in pids)
+    assert not any(pid_alive(p) for p in pids)
 
 
 def test_engine_arguments_are_checked() -> None:
@@ -203,15 +203,3 @@ def test_engine_arguments_are_checked() -> None:
         Engine(schedule_policy="nope")
     with pytest.raises(ModelNotFoundError):
         Engine(model_path="/nonexistent/model")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purpose
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False

@@ -4,6 +4,7 @@ chunking and memory pressure; logprobs agree to 1e-3."""
 from __future__ import annotations
 
 import pytest
+
 from tests_helpers import PARITY_PROMPTS, hf_greedy_outputs
 
 MAX_NEW = 24

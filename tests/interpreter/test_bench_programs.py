@@ -8,7 +8,7 @@ from radixlm.lang.chat_template import from_tokenizer
 
 
 def test_bench_workloads_on_engine_and_transformers(engine, hf_reference):
-    workloads = bench.make_programs(num_shots=3, max_tokens=2)
+    workloads = bench.make_programs(num_shots=1, max_tokens=2)
     backend = bench.CountingEngineBackend(engine)
     rows = [
         bench.run_workload(name, program, backend, mode, 3)

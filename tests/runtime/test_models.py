@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests_helpers import runner_logits
 
 from radixlm.runtime.model_runner import ModelRunner
 from radixlm.runtime.models.config import ModelConfig
 from radixlm.runtime.models.loader import resolve_model
 from radixlm.runtime.models.reference import reference_logits
 from radixlm.runtime.server_args import ServerArgs
+from tests_helpers import runner_logits
 
 BASE = {
     "vocab_size": 300,

@@ -1,0 +1,90 @@
+"""The Engine inside a real Jupyter kernel (nbclient): starts, survives Ctrl-C mid-generation
+(the request is aborted, the engine keeps serving), shuts down cleanly, and leaves no orphan
+process when the kernel dies without a shutdown."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from tests_helpers import pid_alive
+
+START = """
+import os, signal, threading, time
+import radixlm as rl
+engine = rl.Engine()
+info = engine.get_server_info()
+pids = [info["scheduler_pid"], info["detokenizer_pid"]]
+print("PIDS", pids)
+"""
+INTERRUPT = """
+threading.Timer(2.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+engine.generate("Tell me a very long story.", {"max_new_tokens": 3000, "ignore_eos": True})
+"""
+AFTER = """
+deadline = time.time() + 30
+while engine.get_server_info()["num_running"] and time.time() < deadline:
+    time.sleep(0.1)
+out = engine.generate("Hi", {"max_new_tokens": 4, "ignore_eos": True})
+print("AFTER", out["meta_info"]["completion_tokens"], engine.get_server_info()["num_running"])
+"""
+
+
+@pytest.fixture
+def kernel(tmp_path, monkeypatch) -> str:
+    spec_dir = tmp_path / "jupyter" / "kernels" / "radixlm-e2e"
+    spec_dir.mkdir(parents=True)
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "language": "python",
+        "display_name": "radixlm",
+    }
+    (spec_dir / "kernel.json").write_text(json.dumps(spec))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    monkeypatch.setenv("JUPYTER_PLATFORM_DIRS", "1")
+    return "radixlm-e2e"
+
+
+def _run(cells: list[str], kernel: str) -> list[str]:
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    NotebookClient(nb, kernel_name=kernel, timeout=600, allow_errors=True).execute()
+    out = []
+    for cell in nb.cells:
+        for o in cell.outputs:
+            out.append(o.get("text", "") if o["output_type"] == "stream" else o.get("ename", ""))
+    return out
+
+
+def _pids(outputs: list[str]) -> list[int]:
+    line = next(line for o in outputs for line in o.splitlines() if line.startswith("PIDS"))
+    return json.loads(line.split(" ", 1)[1])
+
+
+def _wait_dead(pids: list[int], timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(pid_alive(p) for p in pids):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_ctrl_c_aborts_generation_and_shutdown_is_clean(kernel) -> None:
+    outputs = _run([START, INTERRUPT, AFTER, "engine.shutdown()"], kernel)
+    assert "KeyboardInterrupt" in outputs
+    after = next(o for o in outputs if o.startswith("AFTER"))
+    assert after.split() == ["AFTER", "4", "0"]
+    assert _wait_dead(_pids(outputs))
+
+
+def test_kernel_exit_without_shutdown_leaves_no_orphans(kernel) -> None:
+    outputs = _run(
+        [START, "print(engine.generate('Hi', {'max_new_tokens': 2})['text'] is not None)"], kernel
+    )
+    pids = _pids(outputs)
+    assert _wait_dead(pids), f"orphaned engine processes: {[p for p in pids if pid_alive(p)]}"
