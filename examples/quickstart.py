@@ -8,14 +8,14 @@ from __future__ import annotations
 import contextlib
 import json
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 import radixlm as rl
 
 
-class Plan(BaseModel):
-    idea: str
-    steps: int
+class Plan(BaseModel):  # bounded fields, so the JSON always fits in max_tokens
+    idea: str = Field(max_length=40)
+    steps: int = Field(ge=1, le=10)
 
 
 @rl.function
@@ -26,9 +26,10 @@ def plan(s, topic):
     for f in forks:
         f += rl.assistant(rl.gen("idea", max_tokens=16, stop="\n"))
     s += rl.user("Pick one: A) " + forks[0]["idea"] + " B) " + forks[1]["idea"])
+    forks.join()  # the forks' variables become lists on `s`: s["idea"] == [idea A, idea B]
     s += rl.assistant(rl.select("pick", choices=["A", "B"]))
     s += rl.user("Now as JSON.")
-    s += rl.assistant(rl.gen("plan", json_schema=Plan, max_tokens=48))
+    s += rl.assistant(rl.gen("plan", json_schema=Plan, max_tokens=64))
 
 
 def main(engine: rl.Engine | None = None) -> None:

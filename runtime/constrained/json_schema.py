@@ -33,7 +33,7 @@ ANNOTATIONS = {
 }  # fmt: skip
 COMBINATORS = ("anyOf", "oneOf", "allOf", "$ref")
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
-_TIME = r"(2[0-3]|[01][0-9]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?(Z|[+-](2[0-3]|[01][0-9]):[0-5][0-9])"
+_TIME = r"(2[0-3]|[01][0-9]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-](2[0-3]|[01][0-9]):[0-5][0-9])"
 _DATE = (
     r"[0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
     r"|02-(0[1-9]|1[0-9]|2[0-8]))"
@@ -50,7 +50,7 @@ OWN_FORMATS = {
     "date-time": f'"{_DATE}T{_TIME}"',
     "ipv4": f'"({_IPV4_OCTET}\\.){{3}}{_IPV4_OCTET}"',
     "uuid": f'"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}"',
-    "email": r'"[a-zA-Z0-9._%+-]{1,64}@[a-zA-Z0-9-]{1,63}(\.[a-zA-Z0-9-]{1,63})*\.[a-zA-Z]{2,24}"',
+    "email": r'"[a-zA-Z0-9._%+-]{1,64}@[a-zA-Z0-9-]{1,63}(\.[a-zA-Z0-9-]{1,63}){0,3}\.[a-zA-Z]{2,24}"',
     "uri": (
         rf'"(https?|ftp)://[a-zA-Z0-9.-]{{1,253}}(:[0-9]{{1,5}})?(/{_URI_CHARS}*)?'
         rf'(\?{_URI_CHARS}*)?(#{_URI_CHARS}*)?"'
@@ -136,13 +136,14 @@ class _Rewriter:
             return self.node({"anyOf": [{**rest, "type": t} for t in types]}, path)
         kind = types[0] if isinstance(types, list) and len(types) == 1 else types
         if "enum" not in node and "const" not in node:
-            if kind == "integer" and any(k in node for k in _BOUNDS):
+            # NOTE: plain integers/numbers too: outlines-core's are unbounded in length.
+            if kind == "integer":
                 lo, hi = num_range.integer_bounds(node)
                 try:
                     return self.marker(num_range.integer_regex(lo, hi))
                 except ValueError as exc:
                     raise _fail(f"integer bounds at {path or '/'}: {exc}") from None
-            if kind == "number" and any(k in node for k in _BOUNDS):
+            if kind == "number":
                 try:
                     return self.marker(num_range.number_regex(node))
                 except ValueError as exc:

@@ -2,17 +2,22 @@
 `exclusiveMinimum`, `exclusiveMaximum`), which outlines-core's schema converter ignores.
 
 Pure functions, no state. Integers are written without leading zeros and without `-0` (the JSON
-grammar's canonical forms); bounded numbers have no exponent (so the value is the literal).
-Only integer-valued bounds are supported for `number` (a decimal bound raises ValueError).
+grammar's canonical forms); numbers have no exponent (so the value is the literal). Only
+integer-valued bounds are supported for `number` (a decimal bound raises ValueError).
+NOTE: every language here is finite-length on purpose: an unbounded side has at most
+`MAX_DIGITS` digits and a fraction at most `MAX_FRACTION` digits, so a model that keeps emitting
+digits ("0.000000...") is stopped by the FSM instead of running into max_new_tokens.
 """
 
 from __future__ import annotations
 
 import math
 
-_FRACTION = r"(\.[0-9]+)?"
-_ZERO_FRACTION = r"(\.0+)?"
-_POSITIVE_FRACTION = r"\.[0-9]*[1-9][0-9]*"
+MAX_DIGITS = 18
+MAX_FRACTION = 15
+_FRACTION = rf"(\.[0-9]{{1,{MAX_FRACTION}}})?"
+_ZERO_FRACTION = rf"(\.0{{1,{MAX_FRACTION}}})?"
+_POSITIVE_FRACTION = rf"\.[0-9]{{0,{MAX_FRACTION - 1}}}[1-9]"  # > 0 (ends in a non-zero digit)
 
 
 def _same_len(lo: str, hi: str) -> list[str]:
@@ -52,13 +57,18 @@ def _nonneg_patterns(lo: int, hi: int | None) -> list[str]:
             out += _same_len(str(seg_lo), str(hi))
             return out
         if hi is None and seg_lo == 10 ** (digits - 1) and digits > 1:
-            out.append(f"[1-9][0-9]{{{digits - 1},}}")
+            out.append(_open_ended(digits))
             return out
         out += _same_len(str(seg_lo), str(seg_max))
         digits += 1
         if hi is None and digits > 1:
-            out.append(f"[1-9][0-9]{{{digits - 1},}}")
+            out.append(_open_ended(digits))
             return out
+
+
+def _open_ended(digits: int) -> str:
+    """Integers of `digits` digits or more (up to MAX_DIGITS, or `digits`)."""
+    return f"[1-9][0-9]{{{digits - 1},{max(digits, MAX_DIGITS) - 1}}}"
 
 
 def _alt(patterns: list[str]) -> str:

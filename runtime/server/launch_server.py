@@ -143,6 +143,8 @@ def serve_main(argv: list[str] | None = None) -> int:
     except (ModelNotFoundError, RadixLMError, RuntimeError, OSError) as exc:
         logger.error("the engine failed to start: %s", exc)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C while the children start: they are already stopped
+        return 130
     state = ServerState(args, procs, box.get("tokenizer"))
     try:
         config = uvicorn.Config(

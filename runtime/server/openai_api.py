@@ -81,7 +81,10 @@ async def completions(request: Request) -> Response:
     body = await parse_body(request, CompletionRequest)
     try:
         batch = completion_batch(body)
-        echo = _echo_texts(state, batch) if body.echo else None
+        echo = None
+        if body.echo:
+            request_batch.validate(state.engine, batch)  # NOTE: ids are checked before decoding
+            echo = _echo_texts(state, batch)
         n = len(batch.groups[0])
         model = body.model or state.model_name
         want_lp = body.logprobs is not None

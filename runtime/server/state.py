@@ -52,8 +52,8 @@ class ServerState:
             return DEFAULT_MODEL_NAME
 
     @property
-    def context_length(self) -> int:
-        return int(self.engine.info["context_length"])
+    def context_length(self) -> int | None:
+        return int(self.tm.info["context_length"]) if self.tm is not None else None
 
     @property
     def engine(self) -> TokenizerManager:

@@ -34,22 +34,11 @@ def test_there_is_enough_material():
     }
 
 
-def xfail_without_constrained_decoding(output: str) -> None:
-    # NOTE: constrained decoding is being added to the runtime concurrently; until it lands the
-    # engine rejects regex/json_schema with this message. Any other failure still fails.
-    if "constrained decoding" in output and "not available" in output:
-        pytest.xfail("constrained decoding not yet in runtime")
-
-
 @pytest.mark.parametrize("path", PY_EXAMPLES, ids=lambda p: p.name)
 def test_python_example_runs(path, engine, capsys):
     """Each example's `main(engine)` on the shared engine (one engine start for all of them)."""
     module = runpy.run_path(str(path), run_name="example")
-    try:
-        module["main"](engine)
-    except Exception as e:
-        xfail_without_constrained_decoding(f"{e!r} {e.__cause__!r}")
-        raise
+    module["main"](engine)
     assert capsys.readouterr().out.strip()
 
 
@@ -70,8 +59,6 @@ def test_doc_examples_run(tmp_path):
     out = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path
     )
-    if out.returncode != 0:
-        xfail_without_constrained_decoding(out.stderr)
     assert out.returncode == 0, out.stderr[-4000:]
 
 
@@ -104,11 +91,7 @@ def test_notebook_executes(path, kernel_name):
         timeout=600,
         resources={"metadata": {"path": str(EXAMPLES)}},
     )
-    try:
-        client.execute()
-    except nbclient.exceptions.CellExecutionError as e:
-        xfail_without_constrained_decoding(str(e))
-        raise
+    client.execute()
     html = [
         o["data"]["text/html"]
         for c in nb.cells

@@ -12,13 +12,6 @@ import pytest
 import radixlm.interpreter.api as rl
 from radixlm.lang.errors import ProgramError
 
-# NOTE: constrained decoding (regex / json_schema / dtype) is being added to the runtime; until it
-# lands the engine rejects it with a typed error, surfacing here as a ProgramError. Any other
-# failure of these tests still fails.
-constrained = pytest.mark.xfail(
-    raises=ProgramError, strict=False, reason="constrained decoding not yet in runtime"
-)
-
 
 def test_parallel_decoding_fork_join(backend):
     @rl.function
@@ -79,7 +72,6 @@ def test_parallel_encoding_concatenates_fork_text(backend):
     assert isinstance(state["answer"], str)
 
 
-@constrained
 def test_tool_use(backend):
     def calculate(expression: str) -> str:
         a, op, b = re.fullmatch(r"(\d+)\s*([*+])\s*(\d+)", expression.strip()).groups()

@@ -20,6 +20,8 @@ import pytest
 STARTUP_TIMEOUT = 240.0
 # A small KV pool keeps several servers (and the shared test Engine) within CI memory.
 BASE_ARGS = ["--max-total-tokens", "16384", "--log-level", "info"]
+MAIN_API_KEY = "test-key"
+MAIN_BODY_LIMIT = 128 * 1024
 
 
 def free_port() -> int:
@@ -118,7 +120,7 @@ def sse_events(lines: Any) -> Iterator[dict[str, Any] | str]:
 
 @pytest.fixture(scope="module")
 def start_server() -> Iterator[Callable[..., ServerProcess]]:
-    """Factory: start a server (stopped, and its exit checked, at the end of the module)."""
+    """Factory: start a server for this module (stopped at the end of the module)."""
     started: list[ServerProcess] = []
 
     def start(*extra: str, api_key: str | None = None) -> ServerProcess:
@@ -132,10 +134,22 @@ def start_server() -> Iterator[Callable[..., ServerProcess]]:
         server.close()
 
 
+@pytest.fixture(scope="session")
+def main_server() -> Iterator[ServerProcess]:
+    """The server shared by the API modules (native, OpenAI, security): API key on, so every
+    test also proves that authorized requests work; a body limit above the long-prompt tests."""
+    server = ServerProcess("--max-request-body-bytes", str(MAIN_BODY_LIMIT), api_key=MAIN_API_KEY)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.close()
+
+
 @pytest.fixture(scope="module")
-def server(start_server: Callable[..., ServerProcess]) -> ServerProcess:
-    """The default server of a test module."""
-    return start_server()
+def server(main_server: ServerProcess) -> ServerProcess:
+    """A module's server: the shared one unless the module overrides this fixture."""
+    return main_server
 
 
 def pid_gone(pid: int) -> bool:
@@ -155,4 +169,10 @@ def helpers() -> Any:
     """Helper functions for the test modules (they cannot import this conftest by name)."""
     from types import SimpleNamespace
 
-    return SimpleNamespace(sse_events=sse_events, pid_gone=pid_gone, free_port=free_port)
+    return SimpleNamespace(
+        sse_events=sse_events,
+        pid_gone=pid_gone,
+        free_port=free_port,
+        api_key=MAIN_API_KEY,
+        body_limit=MAIN_BODY_LIMIT,
+    )

@@ -16,7 +16,7 @@ NOT_BUILT = "constrained decoding"  # the engine's 400 until constrained decodin
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key=server.api_key, max_retries=0)
 
 
 @pytest.fixture(autouse=True)
@@ -125,7 +125,9 @@ def test_completion_streaming_n(client):
 
 def test_async_client_concurrent(server):
     async def run() -> list[str]:
-        aclient = openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
+        aclient = openai.AsyncOpenAI(
+            base_url=server.base_url + "/v1", api_key=server.api_key, max_retries=0
+        )
         try:
             outs = await asyncio.gather(*(
                 aclient.chat.completions.create(model="m", messages=[{"role": "user", "content": q}],

@@ -1,0 +1,322 @@
+"""`radixlm bench constrained`: constrained decoding costs and speed, side by side with Outlines'
+own `transformers` integration on the same model (identical weights, our tokenizer), schemas and
+prompts (workloads in constrained_workloads.py).
+
+Sections (each prints a table; `--json PATH` writes everything):
+- compile: grammar compile time per spec, p50/p99, cold / memory-cached / disk-cached;
+- masks: per-row mask fill (`Grammar.fill_mask`) over random walks, and the batch mask apply in
+  the sampler, p50/p99 µs;
+- tpot: time per decode step unconstrained vs constrained (a mask on every row every step), at
+  batch 1 and 16, measured as (time(N tokens) - time(1 token)) / (decode steps);
+- jump_forward: the JSON-extraction workload with jump-forward on vs off (batch 1 and batched);
+- outlines: the same extraction workload through `outlines.Generator` on transformers (batch 1),
+  compile included and excluded, against radixlm's batch-1 and batched runs.
+Every constrained output is checked (regex full match / jsonschema).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+from radixlm.bench import constrained_workloads as W
+
+
+def pcts(values: list[float], scale: float = 1.0) -> dict[str, float]:
+    arr = np.asarray(values, dtype=np.float64) * scale
+    return {
+        "p50": float(np.percentile(arr, 50)),
+        "p99": float(np.percentile(arr, 99)),
+        "n": len(values),
+    }
+
+
+def valid(kind: str, spec: Any, text: str) -> bool:
+    if kind == "regex":
+        return re.fullmatch(spec, text) is not None
+    import jsonschema
+
+    try:
+        jsonschema.validate(json.loads(text), spec)
+        return True
+    except (json.JSONDecodeError, jsonschema.ValidationError):
+        return False
+
+
+# ---- compile and masks (in process) -----------------------------------------------------------
+def make_compiler(cache_dir: str | None = None) -> Any:
+    from radixlm.runtime.constrained.outlines_backend import OutlinesCompiler
+    from radixlm.runtime.server_args import ServerArgs
+    from radixlm.runtime.tokenizer import load_server_tokenizer
+
+    tok = load_server_tokenizer(ServerArgs())
+    return OutlinesCompiler(tok, 49152, (tok.eos_token_id,), cache_dir=cache_dir)
+
+
+def bench_compile(repeats: int) -> dict[str, Any]:
+    from radixlm.runtime.constrained import GrammarSpec
+
+    specs = [GrammarSpec.from_constraint(k, v) for _, k, v in W.all_specs()]
+    with tempfile.TemporaryDirectory() as tmp:
+        compiler = make_compiler(tmp)
+        compiler.vocab.outlines_vocabulary()  # built once per process, not per grammar
+        cold, cached, disk = [], [], []
+        for spec in specs:
+            t = time.perf_counter()
+            compiler.compile(spec)
+            cold.append(time.perf_counter() - t)
+            for _ in range(repeats):
+                t = time.perf_counter()
+                compiler.compile(spec)
+                cached.append(time.perf_counter() - t)
+        reloaded = make_compiler(tmp)
+        reloaded.vocab.outlines_vocabulary()
+        for spec in specs:
+            t = time.perf_counter()
+            reloaded.compile(spec)
+            disk.append(time.perf_counter() - t)
+    per_spec = {label: round(c, 4) for (label, _, _), c in zip(W.all_specs(), cold)}
+    return {
+        "cold_s": pcts(cold),
+        "cached_s": pcts(cached),
+        "disk_s": pcts(disk),
+        "per_spec_cold_s": per_spec,
+    }
+
+
+def bench_masks(steps: int) -> dict[str, Any]:
+    import torch
+
+    from radixlm.kernels.token_bitmask import apply_token_bitmask_inplace_ref, unpack_bitmask
+    from radixlm.runtime.constrained import GrammarSpec
+
+    compiler = make_compiler()
+    rng = np.random.default_rng(0)
+    fills: list[float] = []
+    row = torch.zeros(1536, dtype=torch.int32)
+    for _, kind, value in W.all_specs():
+        spec = GrammarSpec.from_constraint(kind, value)
+        grammar = compiler.compile(spec)
+        for _ in range(steps):
+            t = time.perf_counter()
+            grammar.fill_mask(row)
+            fills.append(time.perf_counter() - t)
+            allowed = unpack_bitmask(row.view(1, -1), 49152)[0].nonzero().flatten().tolist()
+            allowed = [a for a in allowed if a != compiler.vocab.eos_id]
+            if grammar.is_terminated() or not allowed:
+                grammar = compiler.compile(spec)
+                continue
+            grammar.accept(int(rng.choice(allowed)))
+    out: dict[str, Any] = {"fill_us": pcts(fills, 1e6)}
+    for bs in (1, 16):
+        logits = torch.randn(bs, 49152)
+        mask = torch.randint(-(2**31), 2**31 - 1, (bs, 1536), dtype=torch.int32)
+        times = []
+        for _ in range(50):
+            t = time.perf_counter()
+            apply_token_bitmask_inplace_ref(logits, mask)
+            times.append(time.perf_counter() - t)
+        out[f"apply_b{bs}_us"] = pcts(times, 1e6)
+    return out
+
+
+# ---- engine runs ------------------------------------------------------------------------------
+def timed(engine: Any, prompts: list[str], params: dict[str, Any]) -> tuple[float, int, list]:
+    f0 = engine.get_server_info()["forward_ct"]
+    t = time.perf_counter()
+    outs = engine.generate(prompts, [dict(params) for _ in prompts])
+    wall = time.perf_counter() - t
+    return wall, engine.get_server_info()["forward_ct"] - f0, outs
+
+
+def bench_tpot(engine: Any, batch_sizes: list[int], new_tokens: int) -> dict[str, Any]:
+    modes = {
+        "unconstrained": {"temperature": 0, "ignore_eos": True},
+        "constrained": {"temperature": 0, "regex": "[a-z ,.]{4000}"},
+    }
+    out: dict[str, Any] = {}
+    for bs in batch_sizes:
+        prompts = W.extraction_prompts(bs)
+        for name, params in modes.items():
+            timed(engine, prompts, {**params, "max_new_tokens": 2})  # warm: prefix + grammar
+            t1, s1, _ = timed(engine, prompts, {**params, "max_new_tokens": 1})
+            tn, sn, outs = timed(engine, prompts, {**params, "max_new_tokens": new_tokens})
+            tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+            out[f"{name}_b{bs}_ms"] = 1e3 * (tn - t1) / max(sn - s1, 1)
+            out[f"{name}_b{bs}_tokens"] = tokens
+        out[f"overhead_b{bs}"] = out[f"constrained_b{bs}_ms"] / out[f"unconstrained_b{bs}_ms"] - 1
+    return out
+
+
+def run_workload(
+    engine: Any, kind: str, spec: Any, n: int, max_new: int, batched: bool
+) -> dict[str, Any]:
+    value = json.dumps(spec) if kind == "json_schema" else spec
+    params = {"temperature": 0, "max_new_tokens": max_new, kind: value}
+    prompts = W.extraction_prompts(n)
+    engine.generate(prompts[:1], [params])  # compile + warm
+    t = time.perf_counter()
+    if batched:
+        outs = engine.generate(prompts, [dict(params) for _ in prompts])
+    else:
+        outs = [engine.generate(p, params) for p in prompts]
+    wall = time.perf_counter() - t
+    ok = sum(valid("regex" if kind == "regex" else "json", spec, o["text"]) for o in outs)
+    tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+    return {
+        "wall_s": wall,
+        "valid": f"{ok}/{n}",
+        "tokens": tokens,
+        "texts": [o["text"] for o in outs],
+    }
+
+
+def bench_jump_forward(
+    n: int, max_new: int, batch_sizes: list[int], tpot_tokens: int
+) -> dict[str, Any]:
+    from radixlm.runtime.engine import Engine
+
+    out: dict[str, Any] = {}
+    for jf in (True, False):
+        engine = Engine(disable_jump_forward=not jf)
+        try:
+            tag = "on" if jf else "off"
+            for kind, spec in (("regex", W.EXTRACTION_REGEX), ("json_schema", W.EXTRACTION_SCHEMA)):
+                for batched in (False, True):
+                    key = f"{kind}_{'batched' if batched else 'b1'}_{tag}"
+                    out[key] = run_workload(engine, kind, spec, n, max_new, batched)
+            out[f"jumps_{tag}"] = engine.get_server_info()["jump_forward"]
+            if not jf:
+                out["tpot"] = bench_tpot(engine, batch_sizes, tpot_tokens)
+        finally:
+            engine.shutdown()
+    for kind in ("regex", "json_schema"):
+        for mode in ("b1", "batched"):
+            on, off = out[f"{kind}_{mode}_on"], out[f"{kind}_{mode}_off"]
+            out[f"speedup_{kind}_{mode}"] = off["wall_s"] / on["wall_s"]
+    return out
+
+
+def bench_outlines(n: int, max_new: int) -> dict[str, Any]:
+    try:
+        import outlines
+        from outlines.types import JsonSchema, Regex
+    except ImportError:
+        return {"error": "outlines is not installed (pip install 'radixlm[bench]')"}
+    from radixlm.runtime.models.hf_reference import HFReference
+
+    ref = HFReference.default()
+    model = outlines.from_transformers(ref.model, ref.tokenizer)
+    out: dict[str, Any] = {}
+    prompts = W.extraction_prompts(n)
+    for kind, spec, typ in (
+        ("regex", W.EXTRACTION_REGEX, Regex(W.EXTRACTION_REGEX)),
+        ("json_schema", W.EXTRACTION_SCHEMA, JsonSchema(json.dumps(W.EXTRACTION_SCHEMA))),
+    ):
+        t = time.perf_counter()
+        gen = outlines.Generator(model, typ, backend="outlines_core")
+        compile_s = time.perf_counter() - t
+        t = time.perf_counter()
+        texts = [gen(prompts[0], max_new_tokens=max_new, do_sample=False)]  # first call: warm-up
+        first_s = time.perf_counter() - t
+        t = time.perf_counter()
+        texts = [gen(p, max_new_tokens=max_new, do_sample=False) for p in prompts]
+        wall = time.perf_counter() - t
+        ok = sum(valid("regex" if kind == "regex" else "json", spec, s) for s in texts)
+        out[kind] = {
+            "compile_s": compile_s,
+            "first_call_s": first_s,
+            "wall_s": wall,
+            "valid": f"{ok}/{n}",
+        }
+    return out
+
+
+# ---- report -----------------------------------------------------------------------------------
+def print_report(r: dict[str, Any]) -> None:
+    def line(label: str, value: str) -> None:
+        print(f"  {label:<46} {value}")
+
+    if "compile" in r:
+        c = r["compile"]
+        print(f"compile ({c['cold_s']['n']} specs)")
+        for k in ("cold_s", "cached_s", "disk_s"):
+            line(k[:-2], f"p50 {c[k]['p50'] * 1e3:9.3f} ms   p99 {c[k]['p99'] * 1e3:9.3f} ms")
+    if "masks" in r:
+        m = r["masks"]
+        print("masks")
+        for k, v in m.items():
+            line(k, f"p50 {v['p50']:8.1f} us   p99 {v['p99']:8.1f} us   (n={v['n']})")
+    jf = r.get("jump_forward")
+    if jf:
+        print("tpot (ms per decode step; jump-forward off)")
+        for k, v in jf["tpot"].items():
+            if k.endswith("_ms"):
+                line(k, f"{v:8.1f}")
+            elif k.startswith("overhead"):
+                line(k, f"{v * 100:+7.1f} %")
+        print("jump-forward (JSON extraction)")
+        for k, v in jf.items():
+            if isinstance(v, dict) and "wall_s" in v:
+                line(k, f"{v['wall_s']:7.2f} s  valid {v['valid']}  tokens {v['tokens']}")
+            elif k.startswith("speedup") or k.startswith("jumps"):
+                line(k, f"{v:.2f}" if isinstance(v, float) else str(v))
+    ol = r.get("outlines")
+    if ol:
+        print("outlines (transformers, batch 1)")
+        for k, v in ol.items():
+            line(k, json.dumps({a: round(b, 2) if isinstance(b, float) else b for a, b in v.items()})
+                 if isinstance(v, dict) else str(v))  # fmt: skip
+        if jf and "regex" in ol and "wall_s" in ol["regex"]:
+            for kind in ("regex", "json_schema"):
+                ours = jf[f"{kind}_b1_on"]["wall_s"]
+                line(f"radixlm b1 vs outlines ({kind})", f"{ol[kind]['wall_s'] / ours:.2f}x faster")
+                ours = jf[f"{kind}_batched_on"]["wall_s"]
+                line(
+                    f"radixlm batched vs outlines ({kind})",
+                    f"{ol[kind]['wall_s'] / ours:.2f}x faster",
+                )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="radixlm bench constrained", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer prompts and steps")
+    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--tpot-tokens", type=int, default=32)
+    parser.add_argument("--batch-sizes", default="1,16")
+    parser.add_argument("--sections", default="compile,masks,jump_forward,outlines")
+    parser.add_argument("--json", dest="json_path", default=None)
+    args = parser.parse_args(argv)
+    n = 4 if args.quick else args.num_prompts
+    sections = set(args.sections.split(","))
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    report: dict[str, Any] = {"argv": list(argv or sys.argv[1:])}
+    if "compile" in sections:
+        report["compile"] = bench_compile(repeats=3 if args.quick else 10)
+    if "masks" in sections:
+        report["masks"] = bench_masks(steps=30 if args.quick else 120)
+    if "jump_forward" in sections:
+        report["jump_forward"] = bench_jump_forward(
+            n, args.max_new_tokens, batch_sizes, args.tpot_tokens
+        )
+    if "outlines" in sections:
+        report["outlines"] = bench_outlines(n, args.max_new_tokens)
+    print_report(report)
+    if args.json_path:
+        with open(args.json_path, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
