@@ -1,15 +1,16 @@
 """`radixlm demo` (`./dev run`): the main job on the default model, end to end.
 
 Starts an embedded Engine (SmolLM2-135M-Instruct on this machine's CPU or GPU), generates with
-it directly, runs a generation program in the language (roles, fork, select, JSON schema), and
-prints what the radix cache saved.
+it directly (plain and streaming), runs the language example `examples/quickstart.py` (roles,
+fork, select, JSON schema) on the same engine, and prints what the radix cache saved.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import runpy
 import time
+from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,13 +41,10 @@ def main(argv: list[str] | None = None) -> int:
             seen = chunk["text"]
         print()
 
-        from radixlm.demo_program import run_program
-
-        state = run_program(engine)
-        print("\nprogram state (roles, fork, select, JSON):")
-        for message in state.messages():
-            print(f"  [{message['role']}] {message['content']}")
-        print("  plan:", json.dumps(json.loads(state["plan"])))
+        example = Path(__file__).parent / "examples" / "quickstart.py"
+        if example.exists():  # a source checkout: run the language example on this engine
+            print(f"\na generation program ({example.relative_to(example.parents[1])}):")
+            runpy.run_path(str(example))["main"](engine)
         info = engine.get_server_info()
         hit = info["cached_tokens"] / max(1, info["prompt_tokens"])
         print(

@@ -53,8 +53,10 @@ class Req:
             self.generator.manual_seed(sp.seed if sp.seed is not None else seed)
         # Input logprobs cover positions [logprob_start_len, len(input)); -1 disables them.
         self.logprob_start_len = logprob_start_len if return_logprob else -1
-        self.input_logprobs: list[float | None] = []
-        self.input_top: list[Any] = []
+        # NOTE: position 0 has no logprob (nothing precedes it): its entry is None.
+        first = [None] if self.logprob_start_len == 0 else []
+        self.input_logprobs: list[float | None] = list(first)
+        self.input_top: list[Any] = list(first) if top_logprobs_num else []
         self.input_logprobs_done = self.logprob_start_len < 0
         self.output_logprobs: list[float] = []
         self.output_top: list[Any] = []

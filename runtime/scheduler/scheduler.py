@@ -369,12 +369,8 @@ class Scheduler:
                 top = [list(zip(v, i)) for v, i in zip(*(t.tolist() for t in out.top_logprobs))]
         for (i, _, _, _), (values, tops) in zip(batch.lp_rows, lp_results):
             req = batch.reqs[i]
-            if not req.input_logprobs:
-                req.input_logprobs = [None] if req.logprob_start_len == 0 else []
             req.input_logprobs.extend(values)
             if tops is not None:
-                if not req.input_top:
-                    req.input_top = [None] if req.logprob_start_len == 0 else []
                 req.input_top.extend(tops)
         for req in batch.reqs:
             req.computed += req.extend_len

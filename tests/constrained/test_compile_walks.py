@@ -11,7 +11,7 @@ import pytest
 from constrained.corpus import CASES, check
 from constrained.helpers import EOS, allowed_ids, make_compiler
 
-WALKS = 4
+WALKS = 3
 MAX_STEPS = 300
 
 

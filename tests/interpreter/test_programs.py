@@ -208,8 +208,13 @@ def test_json_decode_validates(backend):
         s += rl.assistant(rl.gen("json", json_schema=schema, max_tokens=80))
 
     # a pydantic model, a JSON-schema string and a dict all constrain the same way
-    for given in (City, json.dumps(schema), schema):
-        state = json_gen.run(city="Paris", schema=given, temperature=0, backend=backend)
+    forms = [City, json.dumps(schema), schema]
+    states = json_gen.run_batch(
+        [{"city": "Paris", "schema": f} for f in forms], temperature=0, backend=backend
+    )
+    for state in states:
+        assert state.error() is None, state.error()
+        assert state.get_meta_info("json")["finish_reason"]["type"] == "stop"
         jsonschema.validate(json.loads(state["json"]), schema)
 
 
