@@ -115,15 +115,22 @@ def bench_masks(steps: int) -> dict[str, Any]:
                 continue
             grammar.accept(int(rng.choice(allowed)))
     out: dict[str, Any] = {"fill_us": pcts(fills, 1e6)}
+    from radixlm.runtime.constrained.bitmask_cpu import apply_bitmask_cpu
+
     for bs in (1, 16):
         logits = torch.randn(bs, 49152)
         mask = torch.randint(-(2**31), 2**31 - 1, (bs, 1536), dtype=torch.int32)
-        times = []
-        for _ in range(50):
-            t = time.perf_counter()
-            apply_token_bitmask_inplace_ref(logits, mask)
-            times.append(time.perf_counter() - t)
-        out[f"apply_b{bs}_us"] = pcts(times, 1e6)
+        for name, apply in (
+            ("apply", apply_bitmask_cpu),
+            ("apply_torch_ref", apply_token_bitmask_inplace_ref),
+        ):
+            times = []
+            for _ in range(50):
+                fresh = logits.clone()
+                t = time.perf_counter()
+                apply(fresh, mask)
+                times.append(time.perf_counter() - t)
+            out[f"{name}_b{bs}_us"] = pcts(times, 1e6)
     return out
 
 
@@ -139,7 +146,8 @@ def timed(engine: Any, prompts: list[str], params: dict[str, Any]) -> tuple[floa
 def bench_tpot(engine: Any, batch_sizes: list[int], new_tokens: int) -> dict[str, Any]:
     modes = {
         "unconstrained": {"temperature": 0, "ignore_eos": True},
-        "constrained": {"temperature": 0, "regex": "[a-z ,.]{4000}"},
+        # NOTE: a mask on every row every step; min_new_tokens keeps the length fixed.
+        "constrained": {"temperature": 0, "regex": "[a-z ,.]+"},
     }
     out: dict[str, Any] = {}
     for bs in batch_sizes:
@@ -147,7 +155,8 @@ def bench_tpot(engine: Any, batch_sizes: list[int], new_tokens: int) -> dict[str
         for name, params in modes.items():
             timed(engine, prompts, {**params, "max_new_tokens": 2})  # warm: prefix + grammar
             t1, s1, _ = timed(engine, prompts, {**params, "max_new_tokens": 1})
-            tn, sn, outs = timed(engine, prompts, {**params, "max_new_tokens": new_tokens})
+            fixed = {**params, "max_new_tokens": new_tokens, "min_new_tokens": new_tokens}
+            tn, sn, outs = timed(engine, prompts, fixed)
             tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
             out[f"{name}_b{bs}_ms"] = 1e3 * (tn - t1) / max(sn - s1, 1)
             out[f"{name}_b{bs}_tokens"] = tokens
@@ -244,6 +253,11 @@ def print_report(r: dict[str, Any]) -> None:
     def line(label: str, value: str) -> None:
         print(f"  {label:<46} {value}")
 
+    for name in ("compile", "masks", "jump_forward", "outlines"):
+        if isinstance(r.get(name), dict) and "error" in r[name]:
+            print(f"{name}: FAILED: {r[name]['error']}")
+            r = {k: v for k, v in r.items() if k != name}
+
     if "compile" in r:
         c = r["compile"]
         print(f"compile ({c['cold_s']['n']} specs)")
@@ -300,22 +314,29 @@ def main(argv: list[str] | None = None) -> int:
     n = 4 if args.quick else args.num_prompts
     sections = set(args.sections.split(","))
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
-    report: dict[str, Any] = {"argv": list(argv or sys.argv[1:])}
-    if "compile" in sections:
-        report["compile"] = bench_compile(repeats=3 if args.quick else 10)
-    if "masks" in sections:
-        report["masks"] = bench_masks(steps=30 if args.quick else 120)
-    if "jump_forward" in sections:
-        report["jump_forward"] = bench_jump_forward(
+    report: dict[str, Any] = {"argv": list(argv if argv is not None else sys.argv[1:])}
+    runs = {
+        "compile": lambda: bench_compile(repeats=3 if args.quick else 10),
+        "masks": lambda: bench_masks(steps=30 if args.quick else 120),
+        "jump_forward": lambda: bench_jump_forward(
             n, args.max_new_tokens, batch_sizes, args.tpot_tokens
-        )
-    if "outlines" in sections:
-        report["outlines"] = bench_outlines(n, args.max_new_tokens)
+        ),
+        "outlines": lambda: bench_outlines(n, args.max_new_tokens),
+    }
+    failed = False
+    for name, run in runs.items():
+        if name not in sections:
+            continue
+        try:
+            report[name] = run()
+        except Exception as exc:  # report what ran; a failed section is named, not fatal
+            failed = True
+            report[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        if args.json_path:  # NOTE: written after every section: a long run keeps its results
+            with open(args.json_path, "w") as f:
+                json.dump(report, f, indent=1)
     print_report(report)
-    if args.json_path:
-        with open(args.json_path, "w") as f:
-            json.dump(report, f, indent=1)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

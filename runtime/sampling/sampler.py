@@ -40,6 +40,10 @@ def apply_logit_processors(logits: torch.Tensor, sb: SamplingBatch) -> torch.Ten
         # NOTE: only the constrained rows are unpacked (`vocab_mask_rows`), the others untouched.
         if logits.is_cuda:
             token_bitmask.apply_token_bitmask_inplace(logits, sb.vocab_mask, sb.vocab_mask_rows)
+        elif logits.dtype == torch.float32 and logits.is_contiguous():
+            from radixlm.runtime.constrained.bitmask_cpu import apply_bitmask_cpu
+
+            apply_bitmask_cpu(logits, sb.vocab_mask, sb.vocab_mask_rows)
         else:
             token_bitmask.apply_token_bitmask_inplace_ref(logits, sb.vocab_mask, sb.vocab_mask_rows)
     return logits

@@ -48,7 +48,9 @@ class SamplingBatch:
         self.vocab_mask, self.vocab_mask_rows = mask if mask is not None else (None, None)
 
     @classmethod
-    def from_reqs(cls, reqs: Sequence[SamplingReq], vocab: int, device: torch.device) -> SamplingBatch:
+    def from_reqs(
+        cls, reqs: Sequence[SamplingReq], vocab: int, device: torch.device
+    ) -> SamplingBatch:
         sps = [r.sampling_params for r in reqs]
         bs = len(reqs)
         greedy_list = [sp.is_greedy for sp in sps]
@@ -77,7 +79,9 @@ class SamplingBatch:
                 seen[i, torch.tensor(r.origin_input_ids, dtype=torch.int64, device=device)] = True
 
         min_mask = None
-        pending = [i for i, r in enumerate(reqs) if len(r.output_ids) < r.sampling_params.min_new_tokens]
+        pending = [
+            i for i, r in enumerate(reqs) if len(r.output_ids) < r.sampling_params.min_new_tokens
+        ]
         if pending:
             min_mask = torch.zeros((bs, vocab), dtype=torch.bool, device=device)
             for i in pending:

@@ -38,7 +38,9 @@ class SamplingParams:
     logit_bias: dict[str, float] | None = None
 
     @classmethod
-    def from_dict(cls, params: dict[str, Any] | None, vocab_size: int | None = None) -> SamplingParams:
+    def from_dict(
+        cls, params: dict[str, Any] | None, vocab_size: int | None = None
+    ) -> SamplingParams:
         """Validate a user dict. Unknown keys, wrong types and out-of-range values raise
         `InvalidRequestError` naming the field."""
         params = dict(params or {})
@@ -52,7 +54,9 @@ class SamplingParams:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(params) - known)
         if unknown:
-            raise InvalidRequestError(f"unknown sampling parameter(s): {', '.join(unknown)}", unknown[0])
+            raise InvalidRequestError(
+                f"unknown sampling parameter(s): {', '.join(unknown)}", unknown[0]
+            )
         for key in [k for k, v in params.items() if v is None and k not in _NULLABLE]:
             params.pop(key)  # null means "default", as in SGLang's JSON API
         sp = cls(**params)
@@ -94,7 +98,12 @@ class SamplingParams:
         _float(self, "presence_penalty", lo=-2.0, hi=2.0)
         _float(self, "repetition_penalty", lo=0.0, hi=2.0, lo_open=True)
         _int(self, "n", lo=1, hi=128)
-        for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"):
+        for name in (
+            "ignore_eos",
+            "skip_special_tokens",
+            "spaces_between_special_tokens",
+            "no_stop_trim",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidRequestError(f"{name} must be a boolean", name)
         if self.seed is not None:
@@ -102,7 +111,9 @@ class SamplingParams:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
-            raise InvalidRequestError("stop must be a string or a list of non-empty strings", "stop")
+            raise InvalidRequestError(
+                "stop must be a string or a list of non-empty strings", "stop"
+            )
         if len(self.stop) > _MAX_STOP_STRINGS or any(len(s) > _MAX_STOP_LEN for s in self.stop):
             raise InvalidRequestError(
                 f"stop: at most {_MAX_STOP_STRINGS} strings of at most {_MAX_STOP_LEN} characters",
@@ -134,17 +145,23 @@ class SamplingParams:
             or not self.choices
             or not all(isinstance(c, str) and c for c in self.choices)
         ):
-            raise InvalidRequestError("choices must be a non-empty list of non-empty strings", "choices")
+            raise InvalidRequestError(
+                "choices must be a non-empty list of non-empty strings", "choices"
+            )
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict):
-                raise InvalidRequestError("logit_bias must be an object {token_id: bias}", "logit_bias")
+                raise InvalidRequestError(
+                    "logit_bias must be an object {token_id: bias}", "logit_bias"
+                )
             for key, bias in self.logit_bias.items():
                 if not str(key).lstrip("-").isdigit() or (
                     vocab_size is not None and not 0 <= int(key) < vocab_size
                 ):
                     raise InvalidRequestError(f"logit_bias: invalid token id {key!r}", "logit_bias")
                 if not _is_number(bias) or not -100.0 <= float(bias) <= 100.0:
-                    raise InvalidRequestError("logit_bias values must be in [-100, 100]", "logit_bias")
+                    raise InvalidRequestError(
+                        "logit_bias values must be in [-100, 100]", "logit_bias"
+                    )
 
 
 _NULLABLE = {"seed", "regex", "json_schema", "choices", "ebnf", "logit_bias"}
@@ -170,9 +187,7 @@ def _int(sp: SamplingParams, name: str, lo: int | None = None, hi: int | None = 
         raise InvalidRequestError(f"{name} must be {bound}, got {v}", name)
 
 
-def _float(
-    sp: SamplingParams, name: str, lo: float, hi: float, lo_open: bool = False
-) -> None:
+def _float(sp: SamplingParams, name: str, lo: float, hi: float, lo_open: bool = False) -> None:
     v = getattr(sp, name)
     if not _is_number(v):
         raise InvalidRequestError(f"{name} must be a finite number, got {v!r}", name)

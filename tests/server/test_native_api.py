@@ -181,11 +181,13 @@ def test_disconnect_mid_stream_frees_kv(server, helpers):
 def test_disconnect_non_streaming_aborts(server):
     before = server.info()["generated_tokens"]
     payload = b'{"text": "Write an essay.", "sampling_params": {"max_new_tokens": 3000, "ignore_eos": true}}'
-    head = f"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+    auth = "".join(f"{k}: {v}\r\n" for k, v in server.headers.items())
+    head = f"POST /generate HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
     with socket.create_connection(("127.0.0.1", server.port)) as sock:
         sock.sendall(head.encode() + payload)
         deadline = time.monotonic() + 30
-        while server.info()["num_running"] == 0 and time.monotonic() < deadline:
+        while server.info()["num_running"] == 0:
+            assert time.monotonic() < deadline, "the request never started"
             time.sleep(0.1)
     info = server.wait_idle_and_check_kv(timeout=20)
     assert info["generated_tokens"] - before < 1000
