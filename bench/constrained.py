@@ -2,15 +2,15 @@
 own `transformers` integration on the same model (identical weights, our tokenizer), schemas and
 prompts (workloads in constrained_workloads.py).
 
-Sections (each prints a table; `--json PATH` writes everything):
+Sections (`--sections`, each prints a table; `--json PATH` writes everything, after every section):
 - compile: grammar compile time per spec, p50/p99, cold / memory-cached / disk-cached;
 - masks: per-row mask fill (`Grammar.fill_mask`) over random walks, and the batch mask apply in
-  the sampler, p50/p99 µs;
-- tpot: time per decode step unconstrained vs constrained (a mask on every row every step), at
-  batch 1 and 16, measured as (time(N tokens) - time(1 token)) / (decode steps);
-- jump_forward: the JSON-extraction workload with jump-forward on vs off (batch 1 and batched);
-- outlines: the same extraction workload through `outlines.Generator` on transformers (batch 1),
-  compile included and excluded, against radixlm's batch-1 and batched runs.
+  the sampler (numpy CPU path, and the torch reference), p50/p99 µs;
+- e2e: the JSON-extraction workload (a fixed-layout regex and a schema) with jump-forward on and
+  off (batch 1 and batched) and through `outlines.Generator` on transformers (batch 1), all
+  interleaved run by run, best of `--repeats`; then the time per decode step unconstrained vs
+  constrained (a mask on every row every step) at batch 1 and 16, measured as
+  (time(N tokens) - time(1 token)) / decode steps.
 Every constrained output is checked (regex full match / jsonschema).
 """
 
@@ -164,88 +164,96 @@ def bench_tpot(engine: Any, batch_sizes: list[int], new_tokens: int) -> dict[str
     return out
 
 
-def run_workload(
-    engine: Any, kind: str, spec: Any, n: int, max_new: int, batched: bool
-) -> dict[str, Any]:
-    value = json.dumps(spec) if kind == "json_schema" else spec
-    params = {"temperature": 0, "max_new_tokens": max_new, kind: value}
-    prompts = W.extraction_prompts(n)
-    engine.generate(prompts[:1], [params])  # compile + warm
+def _radixlm(engine: Any, params: dict[str, Any], prompts: list[str], batched: bool) -> tuple:
     t = time.perf_counter()
     if batched:
         outs = engine.generate(prompts, [dict(params) for _ in prompts])
     else:
         outs = [engine.generate(p, params) for p in prompts]
     wall = time.perf_counter() - t
-    ok = sum(valid("regex" if kind == "regex" else "json", spec, o["text"]) for o in outs)
-    tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
-    return {
-        "wall_s": wall,
-        "valid": f"{ok}/{n}",
-        "tokens": tokens,
-        "texts": [o["text"] for o in outs],
-    }
+    return wall, [o["text"] for o in outs], sum(o["meta_info"]["completion_tokens"] for o in outs)
 
 
-def bench_jump_forward(
-    n: int, max_new: int, batch_sizes: list[int], tpot_tokens: int
-) -> dict[str, Any]:
-    from radixlm.runtime.engine import Engine
+def _outlines_setup(kinds: list[tuple[str, Any]]) -> dict[str, Any]:
+    import outlines
+    from outlines.types import JsonSchema, Regex
 
-    out: dict[str, Any] = {}
-    for jf in (True, False):
-        engine = Engine(disable_jump_forward=not jf)
-        try:
-            tag = "on" if jf else "off"
-            for kind, spec in (("regex", W.EXTRACTION_REGEX), ("json_schema", W.EXTRACTION_SCHEMA)):
-                for batched in (False, True):
-                    key = f"{kind}_{'batched' if batched else 'b1'}_{tag}"
-                    out[key] = run_workload(engine, kind, spec, n, max_new, batched)
-            out[f"jumps_{tag}"] = engine.get_server_info()["jump_forward"]
-            if not jf:
-                out["tpot"] = bench_tpot(engine, batch_sizes, tpot_tokens)
-        finally:
-            engine.shutdown()
-    for kind in ("regex", "json_schema"):
-        for mode in ("b1", "batched"):
-            on, off = out[f"{kind}_{mode}_on"], out[f"{kind}_{mode}_off"]
-            out[f"speedup_{kind}_{mode}"] = off["wall_s"] / on["wall_s"]
-    return out
-
-
-def bench_outlines(n: int, max_new: int) -> dict[str, Any]:
-    try:
-        import outlines
-        from outlines.types import JsonSchema, Regex
-    except ImportError:
-        return {"error": "outlines is not installed (pip install 'radixlm[bench]')"}
     from radixlm.runtime.models.hf_reference import HFReference
 
     ref = HFReference.default()
     model = outlines.from_transformers(ref.model, ref.tokenizer)
-    out: dict[str, Any] = {}
-    prompts = W.extraction_prompts(n)
-    for kind, spec, typ in (
-        ("regex", W.EXTRACTION_REGEX, Regex(W.EXTRACTION_REGEX)),
-        ("json_schema", W.EXTRACTION_SCHEMA, JsonSchema(json.dumps(W.EXTRACTION_SCHEMA))),
-    ):
+    gens: dict[str, Any] = {}
+    for kind, spec in kinds:
+        typ = Regex(spec) if kind == "regex" else JsonSchema(json.dumps(spec))
         t = time.perf_counter()
-        gen = outlines.Generator(model, typ, backend="outlines_core")
-        compile_s = time.perf_counter() - t
-        t = time.perf_counter()
-        texts = [gen(prompts[0], max_new_tokens=max_new, do_sample=False)]  # first call: warm-up
-        first_s = time.perf_counter() - t
-        t = time.perf_counter()
-        texts = [gen(p, max_new_tokens=max_new, do_sample=False) for p in prompts]
-        wall = time.perf_counter() - t
-        ok = sum(valid("regex" if kind == "regex" else "json", spec, s) for s in texts)
-        out[kind] = {
-            "compile_s": compile_s,
-            "first_call_s": first_s,
-            "wall_s": wall,
-            "valid": f"{ok}/{n}",
-        }
-    return out
+        gens[kind] = outlines.Generator(model, typ, backend="outlines_core")
+        gens[f"{kind}_compile_s"] = time.perf_counter() - t
+    return gens
+
+
+def bench_e2e(
+    n: int, max_new: int, batch_sizes: list[int], tpot_tokens: int, repeats: int, peer: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """JSON extraction with jump-forward on and off, and through Outlines, *interleaved* (run
+    r of every system back to back; best of `repeats`), so a busy machine skews all alike."""
+    from radixlm.runtime.engine import Engine
+
+    kinds = [("regex", W.EXTRACTION_REGEX), ("json_schema", W.EXTRACTION_SCHEMA)]
+    engines = {
+        "on": Engine(max_total_tokens=16384),
+        "off": Engine(max_total_tokens=16384, disable_jump_forward=True),
+    }
+    jf: dict[str, Any] = {}
+    ol: dict[str, Any] = {}
+    try:
+        gens = _outlines_setup(kinds) if peer else {}
+        prompts = W.extraction_prompts(n)
+        for kind, spec in kinds:
+            value = json.dumps(spec) if kind == "json_schema" else spec
+            params = {"temperature": 0, "max_new_tokens": max_new, kind: value}
+            for engine in engines.values():
+                engine.generate(prompts[0], params)  # compile + warm
+            check = "regex" if kind == "regex" else "json"
+            runs: dict[str, Any] = {f"{m}_{tag}": [] for m in ("b1", "batched") for tag in engines}
+            if peer:
+                t = time.perf_counter()
+                gens[kind](prompts[0], max_new_tokens=max_new, do_sample=False)
+                ol[kind] = {
+                    "compile_s": gens[f"{kind}_compile_s"],
+                    "first_call_s": time.perf_counter() - t,
+                }
+                runs["outlines"] = []
+            for _ in range(repeats):
+                for mode in ("b1", "batched"):
+                    for tag, engine in engines.items():
+                        runs[f"{mode}_{tag}"].append(
+                            _radixlm(engine, params, prompts, mode == "batched")
+                        )
+                if peer:
+                    t = time.perf_counter()
+                    texts = [
+                        gens[kind](p, max_new_tokens=max_new, do_sample=False) for p in prompts
+                    ]
+                    runs["outlines"].append((time.perf_counter() - t, texts, 0))
+            for key, results in runs.items():
+                wall, texts, tokens = min(results, key=lambda x: x[0])
+                ok = sum(valid(check, spec, x) for x in texts)
+                entry = {"wall_s": wall, "valid": f"{ok}/{n}", "tokens": tokens}
+                if key == "outlines":
+                    ol[kind].update(entry)
+                else:
+                    jf[f"{kind}_{key}"] = entry
+        for tag, engine in engines.items():
+            jf[f"jumps_{tag}"] = engine.get_server_info()["jump_forward"]
+        jf["tpot"] = bench_tpot(engines["off"], batch_sizes, tpot_tokens)
+    finally:
+        for engine in engines.values():
+            engine.shutdown()
+    for kind, _ in kinds:
+        for mode in ("b1", "batched"):
+            on, off = jf[f"{kind}_{mode}_on"], jf[f"{kind}_{mode}_off"]
+            jf[f"speedup_{kind}_{mode}"] = off["wall_s"] / on["wall_s"]
+    return jf, ol
 
 
 # ---- report -----------------------------------------------------------------------------------
@@ -308,20 +316,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--tpot-tokens", type=int, default=32)
     parser.add_argument("--batch-sizes", default="1,16")
-    parser.add_argument("--sections", default="compile,masks,jump_forward,outlines")
+    parser.add_argument("--sections", default="compile,masks,e2e")
+    parser.add_argument("--repeats", type=int, default=2, help="e2e runs per system (best kept)")
+    parser.add_argument("--no-outlines", action="store_true", help="skip the Outlines peer")
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args(argv)
     n = 4 if args.quick else args.num_prompts
     sections = set(args.sections.split(","))
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     report: dict[str, Any] = {"argv": list(argv if argv is not None else sys.argv[1:])}
+
+    def save(rep: dict[str, Any]) -> None:  # NOTE: after every section: long runs keep results
+        if args.json_path:
+            with open(args.json_path, "w") as f:
+                json.dump(rep, f, indent=1)
+
     runs = {
         "compile": lambda: bench_compile(repeats=3 if args.quick else 10),
         "masks": lambda: bench_masks(steps=30 if args.quick else 120),
-        "jump_forward": lambda: bench_jump_forward(
-            n, args.max_new_tokens, batch_sizes, args.tpot_tokens
-        ),
-        "outlines": lambda: bench_outlines(n, args.max_new_tokens),
     }
     failed = False
     for name, run in runs.items():
@@ -332,9 +344,21 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # report what ran; a failed section is named, not fatal
             failed = True
             report[name] = {"error": f"{type(exc).__name__}: {exc}"}
-        if args.json_path:  # NOTE: written after every section: a long run keeps its results
-            with open(args.json_path, "w") as f:
-                json.dump(report, f, indent=1)
+        save(report)
+    if "e2e" in sections:
+        try:
+            report["jump_forward"], report["outlines"] = bench_e2e(
+                n,
+                args.max_new_tokens,
+                batch_sizes,
+                args.tpot_tokens,
+                args.repeats,
+                not args.no_outlines,
+            )
+        except Exception as exc:
+            failed = True
+            report["jump_forward"] = {"error": f"{type(exc).__name__}: {exc}"}
+        save(report)
     print_report(report)
     return 1 if failed else 0
 
