@@ -7,6 +7,8 @@ Sections (`--sections`, comma-separated, all by default):
   decode    radixlm batch-1 decode vs the bandwidth roofline (weights + KV bytes per step over the
             copy bandwidth measured in this run), batch 8 / 64, CUDA graphs on vs off
   offline   512 requests x 1024 random input tokens / 256 output tokens, throughput vs `hf`
+  gemv      cuBLAS vs the Triton small-batch GEMV on the model's linear shapes (the engine keeps
+            the faster per shape; see runtime/models/gemm_select.py)
   kernels   `radixlm bench kernels --sections decode,extend` (attention vs roofline and SDPA)
 """
 
@@ -221,6 +223,44 @@ def section_hf(args: argparse.Namespace) -> None:
     RESULTS["hf"] = out
 
 
+def section_gemv(args: argparse.Namespace) -> None:
+    """cuBLAS vs the Triton small-batch GEMV on the model's linear shapes (what the engine picks)."""
+    import torch
+
+    from radixlm.runtime.models.config import ModelConfig
+    from radixlm.runtime.models.gemm_select import select_decode_gemms
+    from radixlm.runtime.models.llama import Linear
+    from radixlm.runtime.models.presets import PRESETS
+
+    cfg = ModelConfig.from_hf_dict(PRESETS[args.model])
+    h = cfg.hidden_size
+    shapes = [
+        (h, cfg.q_size + 2 * cfg.kv_size),
+        (cfg.q_size, h),
+        (h, 2 * cfg.intermediate_size),
+        (cfg.intermediate_size, h),
+        (h, cfg.vocab_size),
+    ]
+    with torch.device("cuda"):
+        layers = torch.nn.ModuleList([Linear(k, n) for k, n in shapes]).to(torch.bfloat16)
+    for layer in layers:
+        layer.weight.data.uniform_(-0.02, 0.02)
+    summary = select_decode_gemms(layers, Linear)
+    bw = RESULTS.setdefault("copy_bandwidth_gbs", copy_bandwidth_gbs())
+    rows = {}
+    for key, report in summary.items():
+        n, k = map(int, key.split("x"))
+        for r in report:
+            nbytes = n * k * 2
+            rows[f"{key}_m{r['m']}"] = {
+                **r,
+                "cublas_bw_frac": round(nbytes / (r["cublas_us"] * 1e-6) / 1e9 / bw, 3),
+                "best_bw_frac": round(nbytes / (r["best_us"] * 1e-6) / 1e9 / bw, 3),
+            }
+    _log(f"gemv: {rows}")
+    RESULTS["gemv"] = rows
+
+
 def section_kernels(args: argparse.Namespace) -> None:
     from radixlm.kernels import bench_kernels
 
@@ -228,6 +268,7 @@ def section_kernels(args: argparse.Namespace) -> None:
 
 
 SECTIONS = {
+    "gemv": section_gemv,
     "parity": section_parity,
     "hf": section_hf,
     "decode": section_decode,

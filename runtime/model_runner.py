@@ -78,6 +78,16 @@ class ModelRunner:
         self.model = self._load_model(source)
         self.kv_pool, self.req_to_token = self._init_memory()
         self.attn = self._make_attention_backend()
+        self.gemm_choices: dict = {}
+        if (
+            self.device.type == "cuda"
+            and self.dtype != torch.float32
+            and args.attention_backend != "torch"
+        ):
+            from radixlm.runtime.models.gemm_select import select_decode_gemms
+            from radixlm.runtime.models.llama import Linear
+
+            self.gemm_choices = select_decode_gemms(self.model, Linear)
         self.graphs = None
         if self.device.type == "cuda" and not args.disable_cuda_graph:
             from radixlm.runtime.cuda_graph_runner import CudaGraphRunner

@@ -16,18 +16,29 @@ from torch import nn
 from radixlm.runtime.attention.base import AttentionBackend
 from radixlm.runtime.forward_batch import ForwardBatch
 from radixlm.runtime.models.config import ModelConfig
+from radixlm.runtime.models.gemm_select import bucket_of
 from radixlm.runtime.models.rotary import RotaryEmbedding
 
 
 class Linear(nn.Module):
-    """`y = x W^T (+ b)` with uninitialised parameters (weights always come from a loader)."""
+    """`y = x W^T (+ b)` with uninitialised parameters (weights always come from a loader).
+
+    `small_m_impl` (set on GPU by `gemm_select.select_decode_gemms`) holds, per decode batch-size
+    bucket, a faster kernel for this weight shape, or None to keep cuBLAS."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
+        self.small_m_impl: list | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.small_m_impl is not None:
+            bucket = bucket_of(x.shape[0])
+            impl = None if bucket is None else self.small_m_impl[bucket]
+            if impl is not None:
+                y = impl(x)
+                return y if self.bias is None else y + self.bias
         return F.linear(x, self.weight, self.bias)
 
 
@@ -173,8 +184,9 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.no_grad()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        if self.lm_head is not None:
+            return self.lm_head(hidden).float()
+        return F.linear(hidden, self.embed_tokens.weight).float()
 
     # ---- weights -------------------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

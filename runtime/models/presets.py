@@ -96,6 +96,23 @@ PRESETS: dict[str, dict[str, Any]] = {
         "bos_token_id": 1,
         "eos_token_id": 2,
     },
+    # SmolLM2's vocabulary (49152 ids, bos 1, eos 2) on a tiny body: pair it with the default
+    # model's GGUF as `tokenizer_path` for fast server tests that need text, stop strings and
+    # constraints (reliability load/fault tests).
+    "tiny-smollm": {
+        **_LLAMA,
+        "vocab_size": 49152,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rope_theta": 100000.0,
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": True,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    },
     "tiny-qwen2": {
         "architectures": ["Qwen2ForCausalLM"],
         "model_type": "qwen2",

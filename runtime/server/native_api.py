@@ -91,6 +91,8 @@ async def _sse(
 async def get_model_info(request: Request) -> Response:
     state = _state(request)
     args = state.args
+    tokenizer = state.tokenizer
+    template = getattr(tokenizer, "chat_template", None)
     return json_response(
         {
             "model_path": state.model_path,
@@ -99,6 +101,12 @@ async def get_model_info(request: Request) -> Response:
             "preferred_sampling_params": None,
             "weight_version": "default",
             "served_model_name": state.model_name,
+            # radixlm's additions (clients such as RuntimeEndpoint render roles with them;
+            # null without a tokenizer or template): the tokenizer's Jinja chat template
+            # (a string, or a dict of named templates) and its special tokens.
+            "chat_template": template if isinstance(template, str | dict) else None,
+            "bos_token": getattr(tokenizer, "bos_token", None),
+            "eos_token": getattr(tokenizer, "eos_token", None),
         }
     )
 
