@@ -9,7 +9,45 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-_WORDS = ["the", "river", "mountain", "quiet", "city", "bright", "morning", "garden", "ancient", "library", "window", "story", "travel", "music", "engine", "silver", "forest", "market", "summer", "winter", "harbor", "island", "bridge", "lantern", "painter", "village", "scholar", "machine", "ocean", "desert", "cloud", "thunder", "letter", "journey", "kitchen", "candle", "meadow"]
+_WORDS = [
+    "the",
+    "river",
+    "mountain",
+    "quiet",
+    "city",
+    "bright",
+    "morning",
+    "garden",
+    "ancient",
+    "library",
+    "window",
+    "story",
+    "travel",
+    "music",
+    "engine",
+    "silver",
+    "forest",
+    "market",
+    "summer",
+    "winter",
+    "harbor",
+    "island",
+    "bridge",
+    "lantern",
+    "painter",
+    "village",
+    "scholar",
+    "machine",
+    "ocean",
+    "desert",
+    "cloud",
+    "thunder",
+    "letter",
+    "journey",
+    "kitchen",
+    "candle",
+    "meadow",
+]
 
 
 def synthetic_text(rng: random.Random, words: int) -> str:

@@ -61,11 +61,12 @@ def get_server_info(backend: Any = None) -> dict[str, Any]:
 
 
 # name -> (module, attribute), imported on first access.
-# NOTE: RuntimeEndpoint (interpreter/runtime_endpoint.py) and OpenAI (interpreter/openai_backend.py)
-# join this table when those backends land.
+# NOTE: the HTTP backends are lazy too: `import radixlm` must not import httpx or openai.
 _LAZY = {
     "Engine": ("radixlm.runtime.engine", "Engine"),
     "EngineBackend": ("radixlm.interpreter.engine_backend", "EngineBackend"),
+    "RuntimeEndpoint": ("radixlm.interpreter.runtime_endpoint", "RuntimeEndpoint"),
+    "OpenAI": ("radixlm.interpreter.openai_backend", "OpenAI"),
 }
 
 

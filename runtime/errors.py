@@ -27,6 +27,11 @@ class QueueFullError(RadixLMError):
     """Too many queued requests (HTTP 429)."""
 
 
+class QueueTimeoutError(QueueFullError):
+    """The request waited in the scheduler's queue longer than `queue_timeout` before it started,
+    and was dropped without running (HTTP 429: load shedding, retry later)."""
+
+
 class RequestAbortedError(RadixLMError):
     """The request was aborted (by the client, a timeout, or shutdown)."""
 

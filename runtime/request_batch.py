@@ -85,6 +85,8 @@ def expand_request(
     starts = per_item(logprob_start_len, "logprob_start_len")
     tops = per_item(top_logprobs_num, "top_logprobs_num")
     rids = per_item(rid, "rid") if rid is not None else [None] * count
+    if not all(r is None or isinstance(r, str) for r in rids):
+        raise InvalidRequestError("rid must be a string (a list of strings for a batch)", "rid")
     groups: list[list[GenerateInput]] = []
     for i in range(count):
         if params[i] is not None and not isinstance(params[i], dict):
@@ -115,6 +117,11 @@ def expand_request(
                 )
             )
         groups.append(subs)
+    seen: set[str] = set()
+    for sub in (sub for subs in groups for sub in subs if sub.rid is not None):
+        if sub.rid in seen:
+            raise InvalidRequestError(f"duplicate request id {sub.rid!r} in the batch", "rid")
+        seen.add(sub.rid)
     return RequestBatch(groups, batched)
 
 

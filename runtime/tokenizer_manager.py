@@ -28,8 +28,10 @@ from radixlm.runtime.errors import (
     EngineDeadError,
     InvalidRequestError,
     QueueFullError,
+    QueueTimeoutError,
     RequestAbortedError,
     RequestTimeoutError,
+    RequestTooLongError,
 )
 from radixlm.runtime.ipc import PortArgs, TypedReceiver, send
 from radixlm.runtime.sampling.sampling_params import SamplingParams
@@ -61,7 +63,7 @@ class ReqState:
     # Seconds per token between successive outputs (streaming requests; for metrics).
     itl: list[float] = field(default_factory=list)
     # How the request ended, set before `listeners` run: finished | aborted | error | timeout |
-    # cancelled (the caller went away).
+    # queue_timeout | cancelled (the caller went away).
     outcome: str = "running"
 
 
@@ -150,30 +152,46 @@ class TokenizerManager:
             if not isinstance(req.text, str):
                 raise InvalidRequestError("text must be a string", "text")
             if self.tokenizer is None:
-                raise InvalidRequestError("text prompts need a tokenizer (skip_tokenizer_init)", "text")
+                raise InvalidRequestError(
+                    "text prompts need a tokenizer (skip_tokenizer_init)", "text"
+                )
             ids = self.tokenizer.encode(req.text)
         else:
             raise InvalidRequestError("one of text or input_ids is required", "text")
         if not ids:
             raise InvalidRequestError("the prompt is empty", "text")
-        limit = min(self.context_len, self.max_total_tokens)
-        if len(ids) + sp.max_new_tokens > limit:
-            raise InvalidRequestError(
-                f"the prompt has {len(ids)} tokens and max_new_tokens is {sp.max_new_tokens}: "
-                f"together they exceed the limit of {limit} tokens",
-                "max_new_tokens" if len(ids) < limit else "text",
-            )
+        self.check_length(
+            len(ids), sp.max_new_tokens, "text" if req.input_ids is None else "input_ids"
+        )
         if sp.stop and self.tokenizer is None:
             raise InvalidRequestError("stop strings need a tokenizer (skip_tokenizer_init)", "stop")
         lsl = req.logprob_start_len
         if lsl is not None and (not isinstance(lsl, int) or lsl < -1 or lsl >= len(ids)):
             raise InvalidRequestError(
-                f"logprob_start_len must be in [-1, {len(ids) - 1}] for this prompt", "logprob_start_len"
+                f"logprob_start_len must be in [-1, {len(ids) - 1}] for this prompt",
+                "logprob_start_len",
             )
         top = req.top_logprobs_num
         if not isinstance(top, int) or not 0 <= top <= 64:
             raise InvalidRequestError("top_logprobs_num must be in [0, 64]", "top_logprobs_num")
         return ids, sp
+
+    def check_length(self, prompt_len: int, max_new_tokens: int, prompt_field: str) -> None:
+        """The length guard: prompt + max_new_tokens must fit the context length and the KV pool
+        (`max_total_tokens` is the pool size, as in SGLang). Raises RequestTooLongError naming
+        the limit that is exceeded (HTTP 400, code context_length_exceeded)."""
+        total = prompt_len + max_new_tokens
+        limits = (
+            (self.context_len, "the context length limit", "context_length"),
+            (self.max_total_tokens, "the KV pool limit", "max_total_tokens"),
+        )
+        for limit, what, flag in limits:
+            if total > limit:
+                raise RequestTooLongError(
+                    f"the prompt has {prompt_len} tokens and max_new_tokens is {max_new_tokens}: "
+                    f"together ({total}) they exceed {what} of {limit} tokens ({flag})",
+                    "max_new_tokens" if prompt_len < limit else prompt_field,
+                )
 
     def check_queue(self, incoming: int = 1) -> None:
         """Raise QueueFullError unless `incoming` more requests fit under max_queued_requests."""
@@ -290,10 +308,14 @@ class TokenizerManager:
             return [(v, t, text(t)) for v, t in zip(values, ids)]
 
         def tops(rows: list | None) -> list:
-            return [None if row is None else [(v, t, text(t)) for v, t in row] for row in rows or []]
+            return [
+                None if row is None else [(v, t, text(t)) for v, t in row] for row in rows or []
+            ]
 
         return {
-            "input_token_logprobs": triples(state.input_logprobs or [], state.input_logprob_ids or []),
+            "input_token_logprobs": triples(
+                state.input_logprobs or [], state.input_logprob_ids or []
+            ),
             "output_token_logprobs": triples(state.output_logprobs, state.output_ids),
             "input_top_logprobs": tops(state.input_top),
             "output_top_logprobs": tops(state.output_top),
@@ -342,8 +364,12 @@ class TokenizerManager:
         if out.finished:
             state.finished = True
             reason = out.finish_reason or {}
-            if reason.get("type") == "abort" and reason.get("status_code") == 400:
+            status = reason.get("status_code") if reason.get("type") == "abort" else None
+            if status == 400:
                 state.error = InvalidRequestError(reason.get("message", "invalid request"))
+            elif status == 429:  # the scheduler dropped it unstarted (queue_timeout)
+                state.error = QueueTimeoutError(reason.get("message", "queue timeout"))
+                state.outcome = "queue_timeout"
         state.event.set()
 
     async def _watchdog(self) -> None:

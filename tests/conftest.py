@@ -1,5 +1,6 @@
 """Shared fixtures: engines (started once per configuration and reused), the transformers
-reference model of the default model, and the KV-accounting check after every engine test."""
+reference model of the default model, the KV-accounting check after every engine test, and
+`main_server` (one `radixlm serve` for the session: the server and interpreter tests use it)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,22 @@ from typing import Any
 
 import pytest
 
+from server_process import MAIN_API_KEY, MAIN_BODY_LIMIT, ServerProcess
+
 # Keep torch in test processes from oversubscribing the 2-core CI machine next to the engine.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+# NOTE: on CPU, Triton kernels run only in its interpreter, and TRITON_INTERPRET must be set before
+# any `@triton.jit` kernel is created: here, before any test module (of any folder) imports one.
+def _has_cuda() -> bool:
+    import torch  # NOTE: after OMP_NUM_THREADS is set
+
+    return torch.cuda.is_available()
+
+
+if not _has_cuda():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 _ENGINES: dict[tuple, Any] = {}
 
@@ -66,3 +81,15 @@ def hf_reference() -> Any:
     from radixlm.runtime.models.hf_reference import HFReference
 
     return HFReference.default()
+
+
+@pytest.fixture(scope="session")
+def main_server() -> Iterator[ServerProcess]:
+    """The server shared by the API modules (native, OpenAI, security): API key on, so every
+    test also proves that authorized requests work; a body limit above the long-prompt tests."""
+    server = ServerProcess("--max-request-body-bytes", str(MAIN_BODY_LIMIT), api_key=MAIN_API_KEY)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.close()

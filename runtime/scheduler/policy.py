@@ -25,7 +25,9 @@ IN_BATCH_SHARE_MIN = 32  # defer a request sharing this many uncached tokens wit
 
 def order_waiting(waiting: list[Req], policy: str, cache: PrefixCache) -> None:
     if policy == "lpm" and isinstance(cache, RadixCache) and len(waiting) <= LPM_MAX_QUEUE:
-        prefix = {id(r): len(cache.match_prefix(r.fill_ids[: r.max_prefix_len()]).slots) for r in waiting}
+        prefix = {
+            id(r): len(cache.match_prefix(r.fill_ids[: r.max_prefix_len()]).slots) for r in waiting
+        }
         waiting.sort(key=lambda r: -prefix[id(r)])  # stable: FCFS among equals
     elif policy == "lof":
         waiting.sort(key=lambda r: -r.sampling_params.max_new_tokens)
@@ -53,7 +55,9 @@ class PrefillAdder:
     ) -> None:
         self.cache = cache
         self.ratio = new_token_ratio
-        reserved = sum(min(r.remaining_new_tokens(), RESERVE_CLIP) for r in running) * new_token_ratio
+        reserved = (
+            sum(min(r.remaining_new_tokens(), RESERVE_CLIP) for r in running) * new_token_ratio
+        )
         allocator = cache.allocator
         self.rem_total = allocator.available() + cache.evictable_size() - int(reserved)
         self.rem_input = max_prefill_tokens

@@ -141,7 +141,9 @@ def prepare_decode(
 
 
 def input_logprobs(
-    hidden: torch.Tensor, batch: ScheduleBatch, compute_logits: Callable[[torch.Tensor], torch.Tensor]
+    hidden: torch.Tensor,
+    batch: ScheduleBatch,
+    compute_logits: Callable[[torch.Tensor], torch.Tensor],
 ) -> list[tuple[list[float], list | None]]:
     """Per `lp_rows` entry: the logprobs of the next input tokens and, if asked, the top-k.
     Logits are materialised `_LOGPROB_CHUNK` rows at a time (a long prompt's full logits would
@@ -155,7 +157,9 @@ def input_logprobs(
         for c in range(0, count, _LOGPROB_CHUNK):
             rows = hidden[first_row + c : first_row + min(c + _LOGPROB_CHUNK, count)]
             logp = torch.log_softmax(compute_logits(rows), dim=-1)
-            tgt = torch.tensor(targets[c : c + rows.shape[0]], dtype=torch.int64, device=logp.device)
+            tgt = torch.tensor(
+                targets[c : c + rows.shape[0]], dtype=torch.int64, device=logp.device
+            )
             values.extend(logp.gather(1, tgt.view(-1, 1)).view(-1).tolist())
             if r.top_logprobs_num:
                 v, ix = logp.topk(r.top_logprobs_num, dim=-1)

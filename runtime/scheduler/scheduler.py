@@ -140,6 +140,7 @@ class Scheduler:
             for msg in self.recv_sock.recv_all():
                 self.handle(msg)
             self.poll_grammars()
+            self.expire_waiting()
             batch = self.get_next_batch()
             if batch is not None:
                 self.run_batch(batch)
@@ -189,6 +190,23 @@ class Scheduler:
         self.waiting.extend(ready)
         for req, message in failed:
             self.emit_error(req.rid, len(req.origin_input_ids), message)
+
+    def expire_waiting(self) -> None:
+        """`queue_timeout`: drop queued requests that never started and waited too long (from
+        their arrival at the tokenizer manager). NOTE: `counted` is set when a request is first
+        admitted, so retracted and jump-forward requests (already started) are never dropped."""
+        limit = self.args.queue_timeout
+        if limit is None or not self.waiting:
+            return
+        now = time.time()
+        expired = [r for r in self.waiting if not r.counted and now - r.arrival_time > limit]
+        for req in expired:
+            self.waiting.remove(req)
+            message = (
+                f"the request waited {now - req.arrival_time:.1f} s in the queue without starting "
+                f"(queue_timeout={limit} s): the server is overloaded, retry later"
+            )
+            self.emit_error(req.rid, len(req.origin_input_ids), message, status_code=429)
 
     def validate(self, msg: io.GenerateReq, sp: SamplingParams) -> None:
         n = len(msg.input_ids)
@@ -353,7 +371,9 @@ class Scheduler:
         hidden = self.runner.forward(fb)
         self.forward_ct += 1
         sampling = batch.sampling_reqs
-        lp_results = input_logprobs(hidden, batch, self.runner.compute_logits) if batch.lp_rows else []
+        lp_results = (
+            input_logprobs(hidden, batch, self.runner.compute_logits) if batch.lp_rows else []
+        )
         next_ids = logprobs = top = None
         if sampling:
             rows = torch.tensor([r for r in batch.sample_rows if r >= 0], device=hidden.device)
@@ -383,7 +403,9 @@ class Scheduler:
                 self.jump_forward(sampling)
         if batch.mode == ForwardMode.DECODE:
             self.finish_decode(batch)
-            self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+            self.new_token_ratio = max(
+                MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
+            )
         else:
             self.finish_extend(batch)
 
@@ -457,7 +479,11 @@ class Scheduler:
             out.output_logprobs = req.output_logprobs[req.sent_ids :]
             if req.top_logprobs_num:
                 out.output_top = req.output_top[req.sent_ids :]
-            if req.input_logprobs_done and req.sent_input_logprobs == 0 and req.logprob_start_len >= 0:
+            if (
+                req.input_logprobs_done
+                and req.sent_input_logprobs == 0
+                and req.logprob_start_len >= 0
+            ):
                 out.input_logprobs = req.input_logprobs
                 out.input_ids = req.origin_input_ids[req.logprob_start_len :]
                 if req.top_logprobs_num:
@@ -473,13 +499,16 @@ class Scheduler:
         req.sent_ids = len(req.output_ids)
         return out
 
-    def emit_error(self, rid: str, prompt_tokens: int, message: str) -> None:
+    def emit_error(
+        self, rid: str, prompt_tokens: int, message: str, status_code: int = 400
+    ) -> None:
+        """End a request that holds no KV with an error (400: invalid; 429: queue_timeout)."""
         self.pending_outputs.append(
             io.ReqOut(
                 rid=rid,
                 new_ids=[],
                 finished=True,
-                finish_reason={"type": "abort", "message": message, "status_code": 400},
+                finish_reason={"type": "abort", "message": message, "status_code": status_code},
                 prompt_tokens=prompt_tokens,
                 completion_tokens=0,
                 cached_tokens=0,

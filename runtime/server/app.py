@@ -84,7 +84,7 @@ def create_app(state: ServerState) -> FastAPI:
 def _add_error_handlers(app: FastAPI, state: ServerState) -> None:
     def answer(err: ApiError) -> Response:
         if state.metrics is not None:
-            state.metrics.count_error(err.status)
+            state.metrics.count_error(err.status, err.reason)
         return error_response(err)
 
     @app.exception_handler(ApiError)

@@ -7,8 +7,8 @@ Every error body, on every endpoint, is OpenAI's shape (SGLang's native endpoint
                "type": "invalid_request_error", "param": "temperature", "code": null}}
 
 Status codes: 400 invalid request, 401 missing/wrong API key, 404 unknown route, 413 body too
-large, 429 queue full (with Retry-After), 503 engine dead / draining, 504 request timeout, 500 a
-bug (logged with its traceback).
+large, 429 load shedding (queue full, or queued longer than queue_timeout; with Retry-After), 503
+engine dead / draining, 504 request timeout, 500 a bug (logged with its traceback).
 """
 
 from __future__ import annotations
@@ -24,12 +24,15 @@ from radixlm.runtime.errors import (
     EngineDeadError,
     InvalidRequestError,
     QueueFullError,
+    QueueTimeoutError,
     RequestAbortedError,
     RequestTimeoutError,
+    RequestTooLongError,
 )
 
 logger = logging.getLogger(__name__)
 
+RETRY_AFTER_S = "1"  # the Retry-After of load-shedding answers (429)
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -62,12 +65,25 @@ class ApiError(Exception):
         self.code = code
         self.headers = dict(headers or {})
 
-    def body(self) -> dict[str, Any]:
-        kind = _TYPES.get(
+    @property
+    def type(self) -> str:
+        return _TYPES.get(
             self.status, "server_error" if self.status >= 500 else "invalid_request_error"
         )
+
+    @property
+    def reason(self) -> str:
+        """The metrics label of this error: its code, else its type."""
+        return self.code or self.type
+
+    def body(self) -> dict[str, Any]:
         return {
-            "error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
         }
 
 
@@ -81,11 +97,11 @@ def to_api_error(exc: BaseException, rename: Mapping[str, str] | None = None) ->
         return validation_error(exc)
     if isinstance(exc, InvalidRequestError):
         field = rename.get(exc.field, exc.field) if exc.field else None
-        message = str(exc)
-        code = "context_length_exceeded" if "exceed" in message and "limit" in message else None
-        return ApiError(400, message, field, code)
+        code = "context_length_exceeded" if isinstance(exc, RequestTooLongError) else None
+        return ApiError(400, str(exc), field, code)
     if isinstance(exc, QueueFullError):
-        return ApiError(429, str(exc), code="queue_full", headers={"Retry-After": "1"})
+        code = "queue_timeout" if isinstance(exc, QueueTimeoutError) else "queue_full"
+        return ApiError(429, str(exc), code=code, headers={"Retry-After": RETRY_AFTER_S})
     if isinstance(exc, RequestTimeoutError):
         return ApiError(504, str(exc), code="request_timeout")
     if isinstance(exc, EngineDeadError):

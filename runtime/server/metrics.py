@@ -5,8 +5,10 @@ Names follow SGLang's (`sglang:*` -> `radixlm:*`):
   a non-streaming request gets its tokens only at the end, so it has neither), and
   `e2e_request_latency_seconds` (every request);
 - counters: `prompt_tokens_total`, `generation_tokens_total`, `cached_tokens_total`,
-  `requests_total{outcome}` (finished | aborted | error | timeout | cancelled),
-  `rejected_requests_total{status}` (4xx/5xx answered before or instead of running);
+  `requests_total{outcome}` (finished | aborted | error | timeout | queue_timeout | cancelled),
+  `rejected_requests_total{status, reason}` (every 4xx/5xx answer; `reason` is the error's
+  `code` (queue_full, queue_timeout, request_timeout, context_length_exceeded, engine_dead,
+  draining, invalid_api_key, request_too_large, ...) or its `type` when it has no code);
 - gauges, refreshed from the scheduler on each scrape: `num_running_reqs`, `num_queue_reqs`,
   `token_usage` (KV slots held by requests or the cache / capacity), `cache_hit_rate` (cached /
   prompt tokens since start), `engine_healthy`, `http_requests_in_flight`.
@@ -65,8 +67,9 @@ class ServerMetrics:
         self.cached_tokens = counter("cached_tokens", "Prompt tokens served from the prefix cache.")
         self._requests = Counter("radixlm:requests", "Requests that ran, by how they ended.",
                                  [*names, "outcome"], registry=r)  # fmt: skip
-        self._rejected = Counter("radixlm:rejected_requests", "HTTP errors answered, by status.",
-                                 [*names, "status"], registry=r)  # fmt: skip
+        self._rejected = Counter("radixlm:rejected_requests",
+                                 "HTTP errors answered, by status and reason (the error code).",
+                                 [*names, "status", "reason"], registry=r)  # fmt: skip
         self.num_running = gauge("num_running_reqs", "Requests running in the scheduler.")
         self.num_queue = gauge("num_queue_reqs", "Requests waiting in the scheduler's queue.")
         self.token_usage = gauge("token_usage", "Fraction of KV slots in use (requests + cache).")
@@ -92,8 +95,9 @@ class ServerMetrics:
             for gap in state.itl:
                 self.itl.observe(gap)
 
-    def count_error(self, status: int) -> None:
-        self._rejected.labels(**self.labels, status=str(status)).inc()
+    def count_error(self, status: int, reason: str) -> None:
+        """One HTTP error answered (by a route, an error handler or the guard middleware)."""
+        self._rejected.labels(**self.labels, status=str(status), reason=reason).inc()
 
     def update_load(self, info: dict[str, Any] | None, in_flight: int) -> None:
         """Refresh the gauges from the scheduler's `get_info` (None: the engine is dead)."""

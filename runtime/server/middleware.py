@@ -40,15 +40,18 @@ class GuardMiddleware:
             if not hmac.compare_digest(given, self.expected):
                 err = ApiError(401, "a valid API key is required (Authorization: Bearer <key>)",
                                code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
-                await _send_error(send, err)
+                await self._send_error(send, err)
                 return
         work = path in WORK_PATHS
         if work and self.state.draining:
-            await _send_error(send, ApiError(503, "the server is shutting down", code="draining"))
+            err = ApiError(
+                503, "the server is shutting down", code="draining", headers={"Retry-After": "1"}
+            )
+            await self._send_error(send, err)
             return
         length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.limit):
-            await _send_error(send, self._too_large())
+            await self._send_error(send, self._too_large())
             return
         started = False
 
@@ -75,15 +78,22 @@ class GuardMiddleware:
         except ApiError as err:
             if started:
                 raise
-            await _send_error(send, err)
+            await self._send_error(send, err)
         finally:
             if work:
                 self.state.in_flight -= 1
 
     def _too_large(self) -> ApiError:
         return ApiError(
-            413, f"the request body exceeds {self.limit} bytes (max_request_body_bytes)"
+            413,
+            f"the request body exceeds {self.limit} bytes (max_request_body_bytes)",
+            code="request_too_large",
         )
+
+    async def _send_error(self, send: Send, err: ApiError) -> None:
+        if self.state.metrics is not None:
+            self.state.metrics.count_error(err.status, err.reason)
+        await _send_error(send, err)
 
 
 async def _send_error(send: Send, err: ApiError) -> None:

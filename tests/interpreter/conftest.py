@@ -3,9 +3,11 @@
 - `FakeBackend`: a tiny deterministic in-memory backend, ONLY for unit tests of the interpreter's
   own mechanics (ordering, forks, errors, streaming plumbing, HTML). Program-level tests use the
   real Engine (project rule: no mocks of our own runtime where the real one can run).
-- `backend`: the backends programs are tested through, on the session's shared default Engine
-  (`engine`, from tests/conftest.py); parametrized, so adding `RuntimeEndpoint` against
-  `radixlm serve` is one more param.
+- `backend`: the backends programs are tested through: "engine" (an `EngineBackend` on the
+  session's shared default Engine, `engine` from tests/conftest.py) and "endpoint"
+  (`RuntimeEndpoint` over HTTP, with an API key, against `main_server`: the session's real
+  `radixlm serve` subprocess, from tests/conftest.py). After each test through the endpoint the
+  server must be idle with exact KV accounting, as the Engine is checked by tests/conftest.py.
 """
 
 from __future__ import annotations
@@ -101,12 +103,32 @@ def make_fake() -> Callable[..., FakeBackend]:
     return FakeBackend
 
 
-# NOTE: adding the HTTP backend is one param here ("endpoint": RuntimeEndpoint against a
-# session-scoped `radixlm serve`), and every program test runs through it too.
-@pytest.fixture(scope="module", params=["engine"])
+@pytest.fixture(scope="module", params=["engine", "endpoint"])
 def backend(request, engine):
-    from radixlm.interpreter.engine_backend import EngineBackend
-
+    """The backend a program test runs on (every such test runs once per param)."""
     if request.param == "engine":
-        return EngineBackend(engine)
-    raise AssertionError(request.param)
+        from radixlm.interpreter.engine_backend import EngineBackend
+
+        yield EngineBackend(engine)
+    elif request.param == "endpoint":
+        from radixlm.interpreter.runtime_endpoint import RuntimeEndpoint
+
+        server = request.getfixturevalue("main_server")
+        endpoint = RuntimeEndpoint(server.base_url, api_key=server.api_key)
+        yield endpoint
+        endpoint.shutdown()
+    else:
+        raise AssertionError(request.param)
+
+
+@pytest.fixture(autouse=True)
+def _endpoint_server_invariants(request) -> Iterator[None]:
+    """After a test that used the endpoint server: idle, nothing locked, exact KV accounting."""
+    callspec = getattr(request.node, "callspec", None)
+    uses_server = "main_server" in request.fixturenames or (
+        callspec is not None and callspec.params.get("backend") == "endpoint"
+    )
+    server = request.getfixturevalue("main_server") if uses_server else None
+    yield
+    if server is not None:
+        server.wait_idle_and_check_kv()

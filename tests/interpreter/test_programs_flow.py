@@ -220,10 +220,6 @@ def test_errors_inside_programs(backend):
     assert states[0]["w"] == states[2]["w"]
 
 
-# NOTE: kept last, and skipped for now: min_new_tokens crashes the scheduler (in-place
-# `masked_fill_` on an inference tensor in runtime/sampling/sampler.py), which would take the
-# session's shared engine down for every later test. Remove the skip once the runtime is fixed.
-@pytest.mark.skip(reason="runtime bug: min_new_tokens crashes the scheduler (sampler.py)")
 def test_min_tokens_and_max_tokens(backend):
     @rl.function
     def short(s, min_tokens):

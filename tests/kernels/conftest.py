@@ -1,21 +1,10 @@
-"""Kernel tests run on CUDA when present, else in Triton's CPU interpreter.
-
-# NOTE: TRITON_INTERPRET must be set before any `@triton.jit` kernel is created, i.e. before the
-# kernel modules are imported; pytest imports this conftest before the test modules of this folder.
-# It is set process-wide (os.environ), so on a CPU machine it also holds for tests of other folders
-# collected in the same pytest process. That is harmless: no other part of radixlm uses Triton on
-# CPU (the interpreter is the only way Triton runs there at all).
-"""
+"""Kernel tests run on CUDA when present, else in Triton's CPU interpreter (TRITON_INTERPRET is
+set by tests/conftest.py, before any test module imports a kernel)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

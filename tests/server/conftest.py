@@ -1,121 +1,13 @@
-"""The real server as a subprocess (`python -m radixlm.runtime.server.launch_server`) on a free
-loopback port with the default model; one per test module (each module's `server` fixture)."""
+"""Server test fixtures: `server` (the session's shared `main_server`, from tests/conftest.py,
+unless a module overrides it) and `start_server` (a factory of per-module servers)."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
-import httpx
 import pytest
 
-STARTUP_TIMEOUT = 240.0
-# A small KV pool keeps several servers (and the shared test Engine) within CI memory.
-BASE_ARGS = ["--max-total-tokens", "16384", "--log-level", "info"]
-MAIN_API_KEY = "test-key"
-MAIN_BODY_LIMIT = 128 * 1024
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class ServerProcess:
-    def __init__(self, *extra: str, api_key: str | None = None) -> None:
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self.api_key = api_key
-        self.log_file = tempfile.NamedTemporaryFile("w+", prefix="radixlm-server-", suffix=".log")  # noqa: SIM115
-        args = [*BASE_ARGS, *extra] + (["--api-key", api_key] if api_key else [])
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "radixlm.runtime.server.launch_server",
-                "--port",
-                str(self.port),
-                *args,
-            ],
-            stdout=self.log_file,
-            stderr=subprocess.STDOUT,
-        )
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.client = httpx.Client(base_url=self.base_url, headers=self.headers, timeout=120.0)
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + STARTUP_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"server exited with {self.proc.returncode}:\n{self.logs()[-4000:]}"
-                )
-            try:
-                if httpx.get(self.base_url + "/health", timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        raise RuntimeError(f"server not ready after {STARTUP_TIMEOUT} s:\n{self.logs()[-4000:]}")
-
-    def logs(self) -> str:
-        self.log_file.flush()
-        with open(self.log_file.name) as f:
-            return f.read()
-
-    def info(self) -> dict[str, Any]:
-        resp = self.client.get("/get_server_info")
-        resp.raise_for_status()
-        return resp.json()
-
-    def wait_idle_and_check_kv(self, timeout: float = 30.0) -> dict[str, Any]:
-        """Wait until no request runs, then check exact KV accounting through /get_server_info:
-        nothing locked, every slot free or held by the (evictable) prefix cache."""
-        deadline = time.monotonic() + timeout
-        while True:
-            info = self.info()
-            if info["num_running"] == 0 and info["num_waiting"] == 0:
-                break
-            if time.monotonic() > deadline:
-                raise AssertionError(f"server not idle after {timeout} s: {info}")
-            time.sleep(0.1)
-        assert info["protected_slots"] == 0, info
-        assert info["free_slots"] + info["evictable_slots"] == info["capacity"], info
-        return info
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 90.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.client.close()
-        return self.proc.returncode
-
-    def close(self) -> None:
-        self.stop()
-        self.log_file.close()
-
-
-def sse_events(lines: Any) -> Iterator[dict[str, Any] | str]:
-    """Parse `data: ...` lines: dicts, and the string "[DONE]"."""
-    for line in lines:
-        if not line:
-            continue
-        assert line.startswith("data: "), line
-        payload = line[len("data: ") :]
-        yield payload if payload == "[DONE]" else json.loads(payload)
+from server_process import ServerProcess
 
 
 @pytest.fixture(scope="module")
@@ -134,45 +26,7 @@ def start_server() -> Iterator[Callable[..., ServerProcess]]:
         server.close()
 
 
-@pytest.fixture(scope="session")
-def main_server() -> Iterator[ServerProcess]:
-    """The server shared by the API modules (native, OpenAI, security): API key on, so every
-    test also proves that authorized requests work; a body limit above the long-prompt tests."""
-    server = ServerProcess("--max-request-body-bytes", str(MAIN_BODY_LIMIT), api_key=MAIN_API_KEY)
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.close()
-
-
 @pytest.fixture(scope="module")
 def server(main_server: ServerProcess) -> ServerProcess:
     """A module's server: the shared one unless the module overrides this fixture."""
     return main_server
-
-
-def pid_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:  # a zombie still answers kill(0): count it as gone
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
-@pytest.fixture(scope="session")
-def helpers() -> Any:
-    """Helper functions for the test modules (they cannot import this conftest by name)."""
-    from types import SimpleNamespace
-
-    return SimpleNamespace(
-        sse_events=sse_events,
-        pid_gone=pid_gone,
-        free_port=free_port,
-        api_key=MAIN_API_KEY,
-        body_limit=MAIN_BODY_LIMIT,
-    )

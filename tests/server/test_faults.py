@@ -12,6 +12,9 @@ import time
 import httpx
 import pytest
 
+from server_process import sse_events
+from tests_helpers import pid_alive
+
 LONG = {"max_new_tokens": 4000, "temperature": 0, "ignore_eos": True}
 
 
@@ -20,7 +23,7 @@ def server(start_server):
     return start_server()
 
 
-def test_dead_scheduler_is_reported_and_nothing_hangs(server, helpers):
+def test_dead_scheduler_is_reported_and_nothing_hangs(server):
     info = server.info()
     results: dict[str, object] = {}
     streaming = threading.Event()
@@ -28,7 +31,7 @@ def test_dead_scheduler_is_reported_and_nothing_hangs(server, helpers):
     def stream() -> None:
         body = {"text": "Tell a story.", "stream": True, "sampling_params": LONG}
         with server.client.stream("POST", "/generate", json=body) as resp:
-            results["stream"] = list(helpers.sse_events(_mark(resp.iter_lines(), streaming)))
+            results["stream"] = list(sse_events(_mark(resp.iter_lines(), streaming)))
 
     def blocking() -> None:
         results["plain"] = server.client.post(
@@ -60,7 +63,7 @@ def test_dead_scheduler_is_reported_and_nothing_hangs(server, helpers):
         in server.client.get("/metrics").text
     )
     assert server.stop() == 0
-    assert helpers.pid_gone(info["detokenizer_pid"]) and helpers.pid_gone(info["scheduler_pid"])
+    assert not pid_alive(info["detokenizer_pid"]) and not pid_alive(info["scheduler_pid"])
 
 
 def _mark(lines, event: threading.Event):

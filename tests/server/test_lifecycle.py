@@ -11,6 +11,9 @@ import time
 import httpx
 import pytest
 
+from server_process import sse_events
+from tests_helpers import pid_alive
+
 TIMEOUT_S = 10
 LONG = {"max_new_tokens": 4000, "temperature": 0, "ignore_eos": True}
 
@@ -35,7 +38,7 @@ def test_request_timeout(server):
     assert 'outcome="timeout"' in server.client.get("/metrics").text
 
 
-def test_sigterm_drains_and_exits_cleanly(server, helpers):
+def test_sigterm_drains_and_exits_cleanly(server):
     info = server.info()
     children = [info["scheduler_pid"], info["detokenizer_pid"]]
     body = {"text": "Count slowly:", "stream": True,
@@ -45,7 +48,7 @@ def test_sigterm_drains_and_exits_cleanly(server, helpers):
 
     def stream() -> None:
         with server.client.stream("POST", "/generate", json=body) as resp:
-            for event in helpers.sse_events(resp.iter_lines()):
+            for event in sse_events(resp.iter_lines()):
                 events.append(event)
                 first.set()
 
@@ -65,6 +68,6 @@ def test_sigterm_drains_and_exits_cleanly(server, helpers):
     final = events[-2]["meta_info"]
     assert final["finish_reason"]["type"] == "length" and final["completion_tokens"] == 12
     assert server.proc.wait(90) == 0
-    assert all(helpers.pid_gone(pid) for pid in children), children
+    assert not any(pid_alive(pid) for pid in children), children
     logs = server.logs()
     assert "The server is fired up and ready to roll!" in logs and "shutting down" in logs

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from tests_helpers import PARITY_PROMPTS, hf_greedy_outputs
+from server_process import sse_events
+from tests_helpers import PARITY_PROMPTS, hf_greedy_outputs, pid_alive
 
 MAX_NEW = 12
 GREEDY = {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True}
@@ -22,7 +23,7 @@ def _kv_accounting(server):
     server.wait_idle_and_check_kv()
 
 
-def test_model_and_server_info(server, helpers):
+def test_model_and_server_info(server):
     model = server.client.get("/get_model_info").json()
     assert model["model_path"].endswith(".gguf") and model["is_generation"] is True
     assert model["tokenizer_path"]
@@ -31,7 +32,7 @@ def test_model_and_server_info(server, helpers):
     assert info["capacity"] == info["max_total_num_tokens"] == 16384
     assert info["context_length"] > 0 and info["version"]
     for key in ("scheduler_pid", "detokenizer_pid", "server_pid"):
-        assert not helpers.pid_gone(info[key]), key
+        assert pid_alive(info[key]), key
     assert info["internal_states"][0]["capacity"] == info["capacity"]
 
 
@@ -91,7 +92,7 @@ def test_generate_input_ids_n_and_rid(server, engine):
     )
 
 
-def test_stream_sse_framing(server, helpers):
+def test_stream_sse_framing(server):
     body = {"text": PARITY_PROMPTS[1], "sampling_params": GREEDY, "stream": True}
     with server.client.stream("POST", "/generate", json=body) as resp:
         assert resp.status_code == 200
@@ -99,7 +100,7 @@ def test_stream_sse_framing(server, helpers):
         raw = resp.read().decode()
     assert raw.endswith("data: [DONE]\n\n")
     assert all(block.startswith("data: ") for block in raw.split("\n\n") if block)
-    events = list(helpers.sse_events(raw.split("\n")))
+    events = list(sse_events(raw.split("\n")))
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
     texts = [c["text"] for c in chunks]
@@ -111,7 +112,7 @@ def test_stream_sse_framing(server, helpers):
     # A batch stream: chunks carry their flat index.
     body = {"text": ["A", "B"], "sampling_params": {**GREEDY, "max_new_tokens": 3}, "stream": True}
     with server.client.stream("POST", "/generate", json=body) as resp:
-        events = list(helpers.sse_events(resp.iter_lines()))
+        events = list(sse_events(resp.iter_lines()))
     assert {c["index"] for c in events[:-1]} == {0, 1} and events[-1] == "[DONE]"
 
 
@@ -145,14 +146,14 @@ def test_logprobs_and_runtime_endpoint_select(server, engine):
         assert s["meta_info"]["output_token_logprobs"] == []
 
 
-def test_flush_cache_and_abort_request(server, helpers):
+def test_flush_cache_and_abort_request(server):
     assert server.client.post("/flush_cache", json={"empty_cache": True}).status_code == 200
     assert server.client.get("/flush_cache").status_code == 200
     body = {"text": "Count to one thousand:", "rid": "abort-me", "stream": True,
             "sampling_params": {"max_new_tokens": 2000, "temperature": 0, "ignore_eos": True}}  # fmt: skip
     seen: list = []
     with server.client.stream("POST", "/generate", json=body) as resp:
-        for event in helpers.sse_events(resp.iter_lines()):
+        for event in sse_events(resp.iter_lines()):
             seen.append(event)
             if len(seen) == 2:
                 assert (
@@ -166,7 +167,7 @@ def test_flush_cache_and_abort_request(server, helpers):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "rid"
 
 
-def test_disconnect_mid_stream_frees_kv(server, helpers):
+def test_disconnect_mid_stream_frees_kv(server):
     before = server.info()["generated_tokens"]
     body = {"text": "Tell me a very long story.", "stream": True,
             "sampling_params": {"max_new_tokens": 3000, "temperature": 0, "ignore_eos": True}}  # fmt: skip

@@ -10,6 +10,8 @@ import httpx
 import openai
 import pytest
 
+from server_process import MAIN_BODY_LIMIT
+
 GET_PATHS = [
     "/get_model_info",
     "/get_server_info",
@@ -59,8 +61,8 @@ def test_secrets_are_not_echoed(server, key):
     assert info["api_key"] == "<redacted>" and key not in server.client.get("/get_server_info").text
 
 
-def test_body_size_limit(server, helpers):
-    limit = helpers.body_limit
+def test_body_size_limit(server):
+    limit = MAIN_BODY_LIMIT
     big = {"text": "x" * (limit + 10)}
     resp = server.client.post("/generate", json=big)
     assert resp.status_code == 413 and "max_request_body_bytes" in resp.json()["error"]["message"]
