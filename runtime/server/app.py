@@ -61,6 +61,7 @@ def create_app(state: ServerState) -> FastAPI:
         if state.tm is not None:
             if state.metrics is not None:
                 state.tm.listeners.append(state.metrics.on_request_end)
+                state.metrics.set_limits(_limits(state))
             if state.args.log_requests:
                 state.tm.listeners.append(log_request_end)
         state.extra_info.setdefault("started", time.time())
@@ -79,6 +80,19 @@ def create_app(state: ServerState) -> FastAPI:
     _add_error_handlers(app, state)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+def _limits(state: ServerState) -> dict[str, float | None]:
+    """The admission limits /metrics publishes (`radixlm:admission_limit{limit}`)."""
+    args, tm = state.args, state.tm
+    assert tm is not None
+    return {
+        "max_queued_requests": args.max_queued_requests,
+        "request_timeout_s": args.request_timeout,
+        "queue_timeout_s": args.queue_timeout,
+        "context_length": tm.context_len,
+        "max_total_tokens": tm.max_total_tokens,
+    }
 
 
 def _add_error_handlers(app: FastAPI, state: ServerState) -> None:

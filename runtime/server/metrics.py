@@ -11,7 +11,11 @@ Names follow SGLang's (`sglang:*` -> `radixlm:*`):
   draining, invalid_api_key, request_too_large, ...) or its `type` when it has no code);
 - gauges, refreshed from the scheduler on each scrape: `num_running_reqs`, `num_queue_reqs`,
   `token_usage` (KV slots held by requests or the cache / capacity), `cache_hit_rate` (cached /
-  prompt tokens since start), `engine_healthy`, `http_requests_in_flight`.
+  prompt tokens since start), `engine_healthy`, `http_requests_in_flight`, `admitted_requests`
+  (requests the tokenizer manager holds: what `--max-queued-requests` bounds);
+- `admission_limit{limit}`: the configured limits (`max_queued_requests`, `request_timeout_s`,
+  `queue_timeout_s`, `context_length`, `max_total_tokens`), set once at start; an unset limit is
+  absent.
 
 Threading: updated on uvicorn's event loop only (TokenizerManager listeners and the /metrics route).
 """
@@ -76,6 +80,9 @@ class ServerMetrics:
         self.cache_hit_rate = gauge("cache_hit_rate", "Cached / prompt tokens since start.")
         self.healthy = gauge("engine_healthy", "1 while the scheduler and detokenizer run.")
         self.in_flight = gauge("http_requests_in_flight", "HTTP requests running the engine.")
+        self.admitted = gauge("admitted_requests", "Requests held by the tokenizer manager.")
+        self._limits = Gauge("radixlm:admission_limit", "Configured admission limits.",
+                             [*names, "limit"], registry=r)  # fmt: skip
         self.started = time.time()
 
     # ---- hooks ---------------------------------------------------------------------------------
@@ -99,9 +106,16 @@ class ServerMetrics:
         """One HTTP error answered (by a route, an error handler or the guard middleware)."""
         self._rejected.labels(**self.labels, status=str(status), reason=reason).inc()
 
-    def update_load(self, info: dict[str, Any] | None, in_flight: int) -> None:
+    def set_limits(self, limits: dict[str, float | None]) -> None:
+        """Publish the admission limits (None: not configured, left out)."""
+        for name, value in limits.items():
+            if value is not None:
+                self._limits.labels(**self.labels, limit=name).set(value)
+
+    def update_load(self, info: dict[str, Any] | None, in_flight: int, admitted: int = 0) -> None:
         """Refresh the gauges from the scheduler's `get_info` (None: the engine is dead)."""
         self.in_flight.set(in_flight)
+        self.admitted.set(admitted)
         self.healthy.set(0 if info is None else 1)
         if info is None:
             return

@@ -126,6 +126,8 @@ async def get_server_info(request: Request) -> Response:
             "internal_states": [load],
             "model_name": state.model_name,
             "in_flight_requests": state.in_flight,
+            # Requests the tokenizer manager tracks (0 when idle: nothing lingers after a test).
+            "tm_requests": len(tm.states),
             "version": radixlm.__version__,
         }
     )
@@ -200,5 +202,6 @@ async def metrics(request: Request) -> Response:
             info = resp.data if resp.ok else None
         except Exception:
             info = None
-    state.metrics.update_load(info, state.in_flight)
+    admitted = len(state.tm.states) if state.tm is not None else 0
+    state.metrics.update_load(info, state.in_flight, admitted)
     return Response(state.metrics.render(), media_type=CONTENT_TYPE)
