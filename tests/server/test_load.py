@@ -128,7 +128,11 @@ def _finals(path: str, answer: Any) -> list[tuple[str, str, int | None]]:
     if path == "/generate":
         items = answer if isinstance(answer, list) else [answer]
         return [
-            (o["text"], o["meta_info"]["finish_reason"]["type"], o["meta_info"]["completion_tokens"])
+            (
+                o["text"],
+                o["meta_info"]["finish_reason"]["type"],
+                o["meta_info"]["completion_tokens"],
+            )
             for o in items
         ]
     assert answer["usage"]["completion_tokens"] >= 0
