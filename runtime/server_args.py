@@ -100,6 +100,12 @@ class ServerArgs:
             raise InvalidRequestError(
                 "chunked_prefill_size must be >= 1 or -1", "chunked_prefill_size"
             )
+        for name in ("request_timeout", "queue_timeout", "grammar_compile_timeout"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:  # NOTE: also rejects NaN
+                raise InvalidRequestError(f"{name} must be a positive number of seconds", name)
+        if not self.shutdown_timeout >= 0:
+            raise InvalidRequestError("shutdown_timeout must be >= 0 seconds", "shutdown_timeout")
         if self.stream_interval < 1:
             raise InvalidRequestError("stream_interval must be >= 1", "stream_interval")
         if not 0 < self.port < 65536:

@@ -71,6 +71,12 @@ def server(main_server: ServerProcess) -> ServerProcess:
 
 
 @pytest.fixture(scope="session")
+def tiny_model_args() -> tuple[str, ...]:
+    """Flags that select the tiny random-weight model (for `start_server`)."""
+    return TINY_MODEL_ARGS
+
+
+@pytest.fixture(scope="session")
 def tiny_server() -> Iterator[ServerProcess]:
     """One tiny-model server for the session's reliability modules (load, bad input, faults'
     reference run): large KV pool, --max-queued-requests above the load test's concurrency."""
@@ -110,7 +116,8 @@ class Outcome:
 
 
 async def _request(client: Any, path: str, body: dict[str, Any], hang_up_after: int | None,
-                   headers: dict[str, str]) -> Outcome:  # fmt: skip
+                   headers: dict[str, str], on_event: Callable[[Outcome], None] | None,
+                   ) -> Outcome:  # fmt: skip
     out = Outcome(path, body)
     start = time.perf_counter()
     try:
@@ -124,6 +131,8 @@ async def _request(client: Any, path: str, body: dict[str, Any], hang_up_after: 
                     assert line.startswith("data: "), line
                     payload = line[len("data: ") :]
                     out.events.append(payload if payload == "[DONE]" else json.loads(payload))
+                    if on_event is not None:
+                        on_event(out)
                     if hang_up_after is not None and len(out.events) >= hang_up_after:
                         out.disconnected = True
                         break  # NOTE: leaving the block closes the connection mid-stream
@@ -142,10 +151,12 @@ def run_requests(
     concurrency: int,
     hang_up_after: int | None = None,
     timeout_s: float = 120.0,
+    on_event: Callable[[Outcome], None] | None = None,
 ) -> list[Outcome]:
     """POST every (path, body) with at most `concurrency` in flight, each on its own connection
     pool slot; the outcomes, in order. `hang_up_after`: streaming clients disconnect after that
-    many events. Blocks (runs its own event loop: call it from a thread to overlap other work)."""
+    many events; `on_event(outcome)` runs (on the client's loop thread) after each SSE event.
+    Blocks (runs its own event loop: call it from a thread to overlap other work)."""
     import httpx
 
     async def main() -> list[Outcome]:
@@ -156,7 +167,9 @@ def run_requests(
 
             async def one(path: str, body: dict[str, Any]) -> Outcome:
                 async with gate:
-                    return await _request(client, path, body, hang_up_after, server.headers)
+                    return await _request(
+                        client, path, body, hang_up_after, server.headers, on_event
+                    )
 
             return await asyncio.gather(*(one(p, b) for p, b in requests))
 

@@ -1,6 +1,20 @@
-"""Lifecycle on a server of its own: the per-request timeout (504, KV freed, the server keeps
-serving), then the SIGTERM drain (503 for new work, the in-flight stream finishes, exit code 0, no
-child process left). The drain stops this module's server, so it runs last."""
+"""Admission control, load shedding and shutdown, on a tiny-model server of its own:
+
+- one burst over the limits: beyond `--max-queued-requests` a request gets 429 with
+  `Retry-After` (native and, through the real `openai` client, in OpenAI's error shape); requests
+  that wait in the scheduler's queue longer than `--queue-timeout` get 429 `queue_timeout`; a
+  request running longer than `--request-timeout` gets 504 and its KV is freed; all of it
+  counted in /metrics, next to the configured limits;
+- the length guard: prompt + max_new_tokens beyond the context length is a 400 naming the limit
+  and the field (`max_new_tokens` natively, `max_tokens` on /v1);
+- SIGTERM during load drains: in-flight streams finish, those still running when
+  `--shutdown-timeout` ends are aborted (answered with finish_reason abort), new work gets an
+  explicit 503, the process exits 0, and no child process is left. It stops this module's
+  server, so it runs last.
+
+The long context (32768) makes "long-running" independent of the machine's speed: a request
+for 30000 tokens runs for many seconds anywhere, while a short one ends at once.
+"""
 
 from __future__ import annotations
 
@@ -9,65 +23,175 @@ import threading
 import time
 
 import httpx
+import openai
 import pytest
 
-from server_process import sse_events
+from radixlm.runtime.errors import InvalidRequestError
+from radixlm.runtime.server.launch_server import build_parser
+from radixlm.runtime.server_args import ServerArgs
 from tests_helpers import pid_alive
 
-TIMEOUT_S = 10
-LONG = {"max_new_tokens": 4000, "temperature": 0, "ignore_eos": True}
+MAX_QUEUED = 8
+MAX_RUNNING = 4
+QUEUE_TIMEOUT_S = 2.0
+REQUEST_TIMEOUT_S = 8.0
+SHUTDOWN_TIMEOUT_S = 3.0
+CONTEXT = 32768
+LONG = {"max_new_tokens": 30000, "temperature": 0, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
-def server(start_server):
-    return start_server("--request-timeout", str(TIMEOUT_S), "--shutdown-timeout", "60")
+def server(start_server, tiny_model_args):
+    return start_server(
+        *tiny_model_args, "--context-length", str(CONTEXT), "--max-total-tokens", "65536",
+        "--max-queued-requests", str(MAX_QUEUED), "--max-running-requests", str(MAX_RUNNING),
+        "--queue-timeout", str(QUEUE_TIMEOUT_S), "--request-timeout", str(REQUEST_TIMEOUT_S),
+        "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S),
+    )  # fmt: skip
 
 
-def test_request_timeout(server):
+def test_reliability_flags_are_cli_flags_of_serve():
+    ns = build_parser().parse_args(
+        ["--max-queued-requests", "3", "--max-total-tokens", "4096", "--request-timeout", "7.5",
+         "--queue-timeout", "2", "--shutdown-timeout", "9"]
+    )  # fmt: skip
+    args = ServerArgs.from_cli_args(ns)
+    assert (args.max_queued_requests, args.max_total_tokens) == (3, 4096)
+    assert (args.request_timeout, args.queue_timeout, args.shutdown_timeout) == (7.5, 2.0, 9.0)
+    for flag in ("--request-timeout", "--queue-timeout", "--max-queued-requests"):
+        with pytest.raises(InvalidRequestError, match=flag[2:].replace("-", "_")):
+            ServerArgs.from_cli_args(build_parser().parse_args([flag, "0"]))
+
+
+def test_burst_over_the_limits_is_shed_explicitly(server, run_requests, metric_value):
+    before = server.client.get("/metrics").text
+    burst: list = []
+    longs = [
+        ("/generate", {"text": f"Story {i}:", "sampling_params": LONG}) for i in range(MAX_QUEUED)
+    ]
+    thread = threading.Thread(target=lambda: burst.extend(run_requests(server, longs, MAX_QUEUED)))
     start = time.monotonic()
-    resp = server.client.post("/generate", json={"text": "Write a novel.", "sampling_params": LONG})
-    elapsed = time.monotonic() - start
-    assert resp.status_code == 504, resp.text
-    assert resp.json()["error"]["code"] == "request_timeout"
-    assert TIMEOUT_S - 0.5 <= elapsed < TIMEOUT_S + 30
-    server.wait_idle_and_check_kv()
+    thread.start()
+    _wait_for(lambda: server.info()["tm_requests"] == MAX_QUEUED, "the burst to be admitted")
+    # Full: one more is refused at once, natively and on /v1 (OpenAI's shape, via its client).
+    refused = server.client.post("/generate", json={"text": "one more"})
+    assert refused.status_code == 429, refused.text
+    assert refused.headers["retry-after"] == "1"
+    err = refused.json()["error"]
+    assert err["code"] == "queue_full" and err["type"] == "rate_limit_error"
+    assert f"max_queued_requests={MAX_QUEUED}" in err["message"]
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="none", max_retries=0)
+    with pytest.raises(openai.RateLimitError) as exc_info:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                       max_tokens=4)  # fmt: skip
+    assert exc_info.value.response.headers["retry-after"] == "1"
+    assert exc_info.value.body["code"] == "queue_full"  # type: ignore[index]
+    thread.join(REQUEST_TIMEOUT_S + 60)
+    assert not thread.is_alive()
+    # MAX_RUNNING ran until the request timeout (504); the rest never started and were shed
+    # after the queue timeout (429 queue_timeout), well before it.
+    by_status = sorted((o.status, o.error_code) for o in burst)
+    assert by_status == sorted([(504, "request_timeout")] * MAX_RUNNING
+                               + [(429, "queue_timeout")] * (MAX_QUEUED - MAX_RUNNING)), by_status  # fmt: skip
+    for o in burst:
+        limit = REQUEST_TIMEOUT_S if o.status == 504 else QUEUE_TIMEOUT_S
+        assert limit - 0.5 <= o.latency_s < limit + 20, (o.status, o.latency_s)
+        if o.status == 429:
+            assert o.headers["retry-after"] == "1" and "queue_timeout" in o.json["error"]["message"]
+    assert time.monotonic() - start < REQUEST_TIMEOUT_S + 60
+    server.wait_idle_and_check_kv()  # the timed-out requests' KV is back
     ok = server.client.post(
-        "/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 1}}
+        "/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 2}}
     )
-    assert ok.status_code == 200
-    assert 'outcome="timeout"' in server.client.get("/metrics").text
+    assert ok.status_code == 200, ok.text
+
+    after = server.client.get("/metrics").text
+
+    def grew(name: str, **labels: str) -> float:
+        return metric_value(after, name, **labels) - metric_value(before, name, **labels)
+
+    rejected = "radixlm:rejected_requests_total"
+    assert grew(rejected, status="429", reason="queue_full") == 2
+    assert grew(rejected, status="429", reason="queue_timeout") == MAX_QUEUED - MAX_RUNNING
+    assert grew(rejected, status="504", reason="request_timeout") == MAX_RUNNING
+    assert grew("radixlm:requests_total", outcome="timeout") == MAX_RUNNING
+    assert grew("radixlm:requests_total", outcome="queue_timeout") == MAX_QUEUED - MAX_RUNNING
+    limits = {
+        "max_queued_requests": MAX_QUEUED, "queue_timeout_s": QUEUE_TIMEOUT_S,
+        "request_timeout_s": REQUEST_TIMEOUT_S, "context_length": CONTEXT,
+        "max_total_tokens": 65536,
+    }  # fmt: skip
+    for name, value in limits.items():
+        assert metric_value(after, "radixlm:admission_limit", limit=name) == value, name
+    assert metric_value(after, "radixlm:admitted_requests") == 0
 
 
-def test_sigterm_drains_and_exits_cleanly(server):
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": CONTEXT}},
+         "max_new_tokens"),
+        ("/generate", {"input_ids": [5] * (CONTEXT + 1), "sampling_params": {"max_new_tokens": 1}},
+         "input_ids"),
+        ("/v1/completions", {"model": "m", "prompt": "Hi", "max_tokens": CONTEXT}, "max_tokens"),
+        ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "Hi"}],
+                                  "max_tokens": CONTEXT}, "max_tokens"),
+    ],
+)  # fmt: skip
+def test_length_guard_names_the_limit(server, path, body, param):
+    resp = server.client.post(path, json=body)
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    assert err["code"] == "context_length_exceeded" and err["param"] == param, err
+    assert f"context length limit of {CONTEXT} tokens (context_length)" in err["message"], err
+
+
+def test_sigterm_during_load_drains_and_exits_cleanly(server, run_requests):
+    """In flight at SIGTERM: short streams (they finish) and long ones (aborted when the
+    shutdown timeout ends: finish_reason abort). New work meanwhile gets an explicit 503."""
     info = server.info()
     children = [info["scheduler_pid"], info["detokenizer_pid"]]
-    body = {"text": "Count slowly:", "stream": True,
-            "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}}  # fmt: skip
-    events: list = []
-    first = threading.Event()
-
-    def stream() -> None:
-        with server.client.stream("POST", "/generate", json=body) as resp:
-            for event in sse_events(resp.iter_lines()):
-                events.append(event)
-                first.set()
-
-    thread = threading.Thread(target=stream)
+    short = {"max_new_tokens": 48, "temperature": 0, "ignore_eos": True}
+    mix = [short, LONG] * (MAX_RUNNING // 2)
+    streams = [("/generate", {"text": f"Count {i}:", "stream": True, "sampling_params": sp})
+               for i, sp in enumerate(mix)]  # fmt: skip
+    streaming: set[int] = set()
+    results: list = []
+    thread = threading.Thread(
+        target=lambda: results.extend(run_requests(server, streams, MAX_RUNNING,
+                                                   on_event=lambda o: streaming.add(id(o))))
+    )  # fmt: skip
     thread.start()
-    assert first.wait(60)
+    _wait_for(lambda: len(streaming) == MAX_RUNNING, "every stream's first event")
     server.proc.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
-    try:  # new work is refused while the stream drains
-        refused = server.client.post("/generate", json={"text": "Hi"})
-        assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
-        assert httpx.get(server.base_url + "/health").status_code == 503
-    except httpx.ConnectError:
-        pass  # the drain already finished and the listener closed
-    thread.join(60)
-    assert events[-1] == "[DONE]"
-    final = events[-2]["meta_info"]
-    assert final["finish_reason"]["type"] == "length" and final["completion_tokens"] == 12
-    assert server.proc.wait(90) == 0
+    signalled = time.monotonic()
+    _wait_for(lambda: httpx.get(server.base_url + "/health").status_code == 503, "/health 503")
+    flood = run_requests(
+        server, [("/generate", {"text": "more", "sampling_params": short})] * 24, 8
+    )
+    thread.join(SHUTDOWN_TIMEOUT_S + 30)
+    assert server.proc.wait(SHUTDOWN_TIMEOUT_S + 30) == 0
+    waited = time.monotonic() - signalled
+    assert SHUTDOWN_TIMEOUT_S - 0.5 <= waited < SHUTDOWN_TIMEOUT_S + 20, waited  # it drained
+    for o in results:
+        assert o.status == 200 and o.events[-1] == "[DONE]", (o.status, o.error, o.events[-2:])
+        meta = o.events[-2]["meta_info"]
+        if o.body["sampling_params"] is short:  # finished during the drain (or before it)
+            assert meta["finish_reason"]["type"] == "length" and meta["completion_tokens"] == 48
+        else:  # still running when the shutdown timeout ended: aborted, answered
+            assert meta["finish_reason"]["type"] == "abort", meta
+    for o in flood:  # refused explicitly, or the listener had already closed
+        assert o.status == 503 or (o.status == 0 and "Connect" in (o.error or "")), (
+            o.status, o.error, o.json)  # fmt: skip
+        if o.status:
+            assert o.json["error"]["code"] == "draining", o.json
     assert not any(pid_alive(pid) for pid in children), children
     logs = server.logs()
     assert "The server is fired up and ready to roll!" in logs and "shutting down" in logs
+
+
+def _wait_for(cond, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
