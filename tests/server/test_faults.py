@@ -1,10 +1,16 @@
-"""A scheduler killed with SIGKILL, on a server of its own: /health fails within seconds,
-in-flight requests end with an error instead of hanging, new requests get 503, and SIGTERM still
-exits 0 with no child process left."""
+"""Faults, on the tiny model: a KV pool small enough to force retraction under load (nothing
+lost, greedy outputs identical to the large-pool server's), the pool-size length guard, 100
+clients hanging up mid-stream (their KV freed), an abort storm, and finally the scheduler killed
+with SIGKILL (/health fails within 5 s, in-flight requests end with an error instead of hanging,
+new requests get 503, SIGTERM still exits 0 with no child process left).
+
+This module's server has the small pool; the disconnect and abort storms run on the session's
+large-pool `tiny_server` (every request of a storm runs at once there)."""
 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import threading
 import time
@@ -15,15 +21,98 @@ import pytest
 from server_process import sse_events
 from tests_helpers import pid_alive
 
-LONG = {"max_new_tokens": 4000, "temperature": 0, "ignore_eos": True}
+SMALL_POOL = 1536
+GREEDY = {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True}
+# Long enough to be in flight whenever the test acts, short enough for the pool and context.
+LONG = {"max_new_tokens": 1400, "ignore_eos": True}
+STORM = 100
 
 
 @pytest.fixture(scope="module")
-def server(start_server):
-    return start_server()
+def server(start_server, tiny_model_args):
+    return start_server(*tiny_model_args, "--max-total-tokens", str(SMALL_POOL))
 
 
-def test_dead_scheduler_is_reported_and_nothing_hangs(server):
+def test_retraction_under_a_small_pool_loses_nothing(server, tiny_server, run_requests):
+    rng = random.Random(7)
+    words = ["alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "seven"]
+    prompts = [" ".join(rng.choices(words, k=rng.randint(4, 30))) for _ in range(32)]
+    requests = [("/generate", {"text": p, "sampling_params": GREEDY}) for p in prompts]
+    retracted = server.info()["retracted"]
+    small = run_requests(server, requests, len(requests))
+    assert server.info()["retracted"] > retracted, "the pool was not small enough to retract"
+    large = run_requests(tiny_server, requests, len(requests))
+    for s, lg in zip(small, large, strict=True):
+        assert s.status == lg.status == 200, (s.status, s.json, lg.status)
+        assert s.json["meta_info"]["finish_reason"] == {"type": "length", "length": 64}
+        assert s.json["output_ids"] == lg.json["output_ids"], "retraction changed an output"
+
+
+def test_length_guard_names_the_pool_limit(server):
+    body = {"text": "Hi", "sampling_params": {"max_new_tokens": SMALL_POOL + 100}}
+    resp = server.client.post("/generate", json=body)
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    assert err["code"] == "context_length_exceeded" and err["param"] == "max_new_tokens"
+    assert f"KV pool limit of {SMALL_POOL} tokens (max_total_tokens)" in err["message"]
+
+
+def test_clients_disconnecting_mid_stream_free_their_kv(tiny_server, run_requests, metric_value):
+    before = tiny_server.client.get("/metrics").text
+    body = {"text": "Tell me everything.", "stream": True, "sampling_params": LONG}
+    outcomes = run_requests(tiny_server, [("/generate", body)] * STORM, STORM, hang_up_after=2)
+    assert all(o.status == 200 and o.disconnected for o in outcomes), [
+        (o.status, o.error) for o in outcomes if not o.disconnected
+    ][:3]
+    # Every hung-up request is aborted: nothing runs, no slot stays locked (the fixture's
+    # invariants check the tokenizer manager and the sockets too).
+    tiny_server.wait_idle_and_check_kv()
+    after = tiny_server.client.get("/metrics").text
+    cancelled = metric_value(after, "radixlm:requests_total", outcome="cancelled")
+    assert cancelled - metric_value(before, "radixlm:requests_total", outcome="cancelled") == STORM
+
+
+def test_abort_storm(tiny_server, run_requests):
+    """Abort by rid while requests run (streaming and not), plus repeated abort_all: every
+    request ends (an abort is an ordinary answer with finish_reason abort), then the server
+    serves normally."""
+    requests = [
+        ("/generate", {"text": f"Request {i}", "rid": f"storm-{i}", "stream": i % 2 == 0,
+                       "sampling_params": LONG})
+        for i in range(STORM)
+    ]  # fmt: skip
+    outcomes: list = []
+    thread = threading.Thread(
+        target=lambda: outcomes.extend(run_requests(tiny_server, requests, STORM))
+    )
+    thread.start()
+    deadline = time.monotonic() + 60
+    while tiny_server.info()["tm_requests"] < STORM:  # every rid is known before the storm
+        assert time.monotonic() < deadline, "the requests were not all admitted"
+        time.sleep(0.05)
+    rng = random.Random(3)
+    order = rng.sample(range(STORM), STORM)
+    with httpx.Client(base_url=tiny_server.base_url, timeout=30) as client:
+        for k, i in enumerate(order):
+            body = {"abort_all": True} if k % 25 == 24 else {"rid": f"storm-{i}"}
+            assert client.post("/abort_request", json=body).status_code == 200
+        thread.join(60)
+        assert not thread.is_alive(), "a request hangs after the abort storm"
+        for o in outcomes:
+            assert o.status == 200, (o.status, o.error, o.json)
+            if o.stream:
+                assert o.events[-1] == "[DONE]"
+                meta = o.events[-2]["meta_info"]
+            else:
+                meta = o.json["meta_info"]
+            assert meta["finish_reason"]["type"] == "abort", meta
+            assert meta["completion_tokens"] < LONG["max_new_tokens"]
+        tiny_server.wait_idle_and_check_kv()
+        ok = client.post("/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 3}})
+        assert ok.status_code == 200 and ok.json()["meta_info"]["completion_tokens"] == 3
+
+
+def test_dead_scheduler_is_reported_and_nothing_hangs(server, metric_value):
     info = server.info()
     results: dict[str, object] = {}
     streaming = threading.Event()
@@ -58,10 +147,7 @@ def test_dead_scheduler_is_reported_and_nothing_hangs(server):
     assert plain.status_code == 503 and plain.json()["error"]["code"] == "engine_dead"
     new = server.client.post("/generate", json={"text": "Hi"})
     assert new.status_code == 503 and "scheduler" in new.json()["error"]["message"]
-    assert (
-        'radixlm:engine_healthy{model_name="SmolLM2-135M-Instruct"} 0.0'
-        in server.client.get("/metrics").text
-    )
+    assert metric_value(server.client.get("/metrics").text, "radixlm:engine_healthy") == 0.0
     assert server.stop() == 0
     assert not pid_alive(info["detokenizer_pid"]) and not pid_alive(info["scheduler_pid"])
 
