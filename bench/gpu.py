@@ -130,6 +130,59 @@ def _decode_rate(eng: Any, batch: int, prompt_len: int, new: int, vocab: int) ->
     return batch * (new - 1) / max(1e-9, total - prefill)
 
 
+def _runner_decode_tok_s(model: str, batch: int, ctx: int, steps: int = 200) -> float:
+    """Decode tokens/s of the model alone: graph replay + lm_head + argmax, back to back with no
+    scheduler in between (what the GPU can do; the engine's rate over it is the host's share)."""
+    import torch
+
+    from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
+    from radixlm.runtime.model_runner import ModelRunner
+    from radixlm.runtime.models.loader import resolve_model
+    from radixlm.runtime.server_args import ServerArgs
+
+    args = ServerArgs(
+        model_path=model,
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        max_running_requests=batch,
+        max_total_tokens=batch * (ctx + 1) + 16,
+        cuda_graph_max_bs=batch,
+    )
+    runner = ModelRunner(args, resolve_model(model, "dummy"))
+    dev = runner.device
+    rows = torch.arange(batch, device=dev)
+    for b in range(batch):  # each request holds ctx + 1 slots of its own (slot 0 is padding)
+        slots = torch.arange(1 + b * (ctx + 1), 1 + (b + 1) * (ctx + 1), device=dev)
+        runner.req_to_token.write(b, 0, slots)
+    pos = torch.full((batch,), ctx, dtype=torch.int64, device=dev)
+    fb = ForwardBatch(
+        ForwardMode.DECODE,
+        batch,
+        torch.randint(0, runner.config.vocab_size, (batch,), device=dev),
+        pos,
+        runner.req_to_token.table[rows, pos].to(torch.int64),
+        rows,
+        pos + 1,
+        [ctx + 1] * batch,
+    )
+
+    def step() -> None:
+        runner.compute_logits(runner.forward(fb)).argmax(dim=-1)
+
+    for _ in range(10):
+        step()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    rate = batch * steps / (time.perf_counter() - t)
+    del runner, fb
+    gc.collect()
+    torch.cuda.empty_cache()
+    return rate
+
+
 def section_decode(args: argparse.Namespace) -> None:
     from radixlm.runtime.models.config import ModelConfig
     from radixlm.runtime.models.presets import PRESETS
@@ -153,6 +206,13 @@ def section_decode(args: argparse.Namespace) -> None:
         finally:
             eng.shutdown()
     out["batch1_fraction_of_roofline"] = round(out["decode_bs1_graphs_tok_s"] / roofline, 3)
+    for bs in (1, 64):
+        rate = _runner_decode_tok_s(args.model, bs, int(avg_ctx))
+        out[f"decode_bs{bs}_model_only_tok_s"] = round(rate, 1)
+        _log(f"decode_bs{bs}_model_only_tok_s: {rate:.1f}")
+    out["batch1_model_only_fraction_of_roofline"] = round(
+        out["decode_bs1_model_only_tok_s"] / roofline, 3
+    )
     RESULTS["decode"] = out
 
 

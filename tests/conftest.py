@@ -5,13 +5,13 @@ reference model of the default model, the KV-accounting check after every engine
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from server_process import MAIN_API_KEY, MAIN_BODY_LIMIT, ServerProcess
+from tests_helpers import ENGINES, get_engine, wait_idle_and_check
 
 # Keep torch in test processes from oversubscribing the 2-core CI machine next to the engine.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -28,45 +28,19 @@ def _has_cuda() -> bool:
 if not _has_cuda():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-_ENGINES: dict[tuple, Any] = {}
-
-
-def get_engine(**kwargs: Any) -> Any:
-    """A shared Engine for this configuration (started on first use, stopped at session end)."""
-    from radixlm.runtime.engine import Engine
-
-    key = tuple(sorted(kwargs.items()))
-    engine = _ENGINES.get(key)
-    if engine is None:
-        engine = _ENGINES[key] = Engine(**kwargs)
-    return engine
-
-
-def wait_idle_and_check(engine: Any, timeout: float = 30.0) -> dict[str, Any]:
-    """Wait until no request runs, then assert exact KV accounting (raises otherwise)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        info = engine.get_server_info()
-        if info["num_running"] == 0 and info["num_waiting"] == 0:
-            return engine.check_invariants()
-        if time.monotonic() > deadline:
-            raise AssertionError(f"engine not idle after {timeout} s: {info}")
-        time.sleep(0.05)
-
 
 @pytest.fixture(autouse=True)
 def _engine_invariants() -> Iterator[None]:
-    before = set(map(id, _ENGINES.values()))
+    """After every test: each live shared engine is idle with exact KV accounting."""
     yield
-    for engine in list(_ENGINES.values()):
-        if id(engine) in before or engine in _ENGINES.values():
-            wait_idle_and_check(engine)
+    for engine in list(ENGINES.values()):
+        wait_idle_and_check(engine)
 
 
 def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
-    for engine in _ENGINES.values():
+    for engine in ENGINES.values():
         engine.shutdown()
-    _ENGINES.clear()
+    ENGINES.clear()
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 # Eight prompts of mixed lengths; several share prefixes (chat template, few-shot header).
@@ -25,6 +26,44 @@ PARITY_PROMPTS = [
     "Once upon a time, in a small village at the edge of a large forest, there lived an old "
     "woodcutter and his three children. Every morning the woodcutter would",
 ]
+
+
+# Engines shared by the whole session, by configuration (shut down by tests/conftest.py).
+ENGINES: dict[tuple, Any] = {}
+
+
+def get_engine(**kwargs: Any) -> Any:
+    """A shared Engine for this configuration (started on first use, stopped at session end)."""
+    from radixlm.runtime.engine import Engine
+
+    key = tuple(sorted(kwargs.items()))
+    engine = ENGINES.get(key)
+    if engine is None:
+        engine = ENGINES[key] = Engine(**kwargs)
+    return engine
+
+
+def release_engine(**kwargs: Any) -> None:
+    """Check and shut down the shared Engine of this configuration (frees its memory and CPU for
+    the rest of the session; a later `get_engine` starts a new one)."""
+    engine = ENGINES.pop(tuple(sorted(kwargs.items())), None)
+    if engine is not None:
+        try:
+            wait_idle_and_check(engine)
+        finally:
+            engine.shutdown()
+
+
+def wait_idle_and_check(engine: Any, timeout: float = 30.0) -> dict[str, Any]:
+    """Wait until no request runs, then assert exact KV accounting (raises otherwise)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = engine.get_server_info()
+        if info["num_running"] == 0 and info["num_waiting"] == 0:
+            return engine.check_invariants()
+        if time.monotonic() > deadline:
+            raise AssertionError(f"engine not idle after {timeout} s: {info}")
+        time.sleep(0.05)
 
 
 def pid_alive(pid: int) -> bool:

@@ -59,6 +59,10 @@ OWN_FORMATS = {
     ),
 }
 SUPPORTED_FORMATS = tuple(OWN_FORMATS)
+# The JSON grammar's strings and numbers, as outlines-core writes them; its default whitespace.
+_JSON_STRING = r'"([^"\\\x00-\x1F\x7F-\x9F]|\\["\\/bfnrt])*"'
+_JSON_NUMBER = r"(-)?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-][0-9]+)?"
+_DEFAULT_WS = r"[ ]?"
 _MARKER_BASE = 918273645500000000
 
 
@@ -83,9 +87,38 @@ def parse_schema(text: str) -> Any:
     return schema
 
 
+def any_object_regex(whitespace_pattern: str | None = None, depth: int = 2) -> str:
+    """Any JSON object whose values nest at most `depth` levels (objects/arrays inside it).
+
+    NOTE: the schema `{"type": "object"}` (OpenAI's `response_format: json_object`) gets this
+    instead of outlines-core's generic object regex: that one has ~4x the states and its index
+    over a 49k vocabulary takes 15-25 s to build, against ~1.5 s here at depth 2 (depth 3 would
+    take ~14 s again). Strings, numbers and literals are the JSON grammar's, exactly.
+    """
+    ws = whitespace_pattern if whitespace_pattern is not None else _DEFAULT_WS
+    member = f"{_JSON_STRING}{ws}:{ws}"
+    scalar = f"{_JSON_STRING}|{_JSON_NUMBER}|true|false|null"
+    value = f"({scalar})"
+    for _ in range(depth):
+        items = rf"\[{ws}({value}({ws},{ws}{value})*)?{ws}\]"
+        members = rf"\{{{ws}({member}{value}({ws},{ws}{member}{value})*)?{ws}\}}"
+        value = f"({scalar}|{items}|{members})"
+    return members
+
+
+def _is_any_object(schema: Any) -> bool:
+    return (
+        isinstance(schema, dict)
+        and schema.get("type") == "object"
+        and set(schema) - ANNOTATIONS == {"type"}
+    )
+
+
 def schema_to_regex(text: str, whitespace_pattern: str | None = None) -> str:
     """The regex of every JSON document valid under the schema that radixlm can generate."""
     schema = parse_schema(text)
+    if _is_any_object(schema):
+        return any_object_regex(whitespace_pattern)
     rewriter = _Rewriter(text)
     rewritten = rewriter.node(schema, "")
     from outlines_core.json_schema import build_regex_from_schema

@@ -71,6 +71,7 @@ def sample(
 
 
 def _sample_rows(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
+    assert sb.temperatures is not None and sb.greedy is not None
     greedy_ids = logits.argmax(dim=-1)
     probs = torch.softmax(logits / sb.temperatures, dim=-1)
     if sb.top_ks is not None or sb.top_ps is not None or sb.min_ps is not None:

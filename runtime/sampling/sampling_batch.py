@@ -25,8 +25,9 @@ class SamplingReq(Protocol):
 
 @dataclass
 class SamplingBatch:
-    temperatures: torch.Tensor  # [B, 1] float32; greedy rows hold 1.0
-    greedy: torch.Tensor  # [B] bool
+    # NOTE: None when `all_greedy` (the decode fast path builds no tensor at all).
+    temperatures: torch.Tensor | None  # [B, 1] float32; greedy rows hold 1.0
+    greedy: torch.Tensor | None  # [B] bool
     all_greedy: bool
     top_ps: torch.Tensor | None  # [B] (None when no row needs it)
     top_ks: torch.Tensor | None  # [B] int64, vocab size where disabled
@@ -48,12 +49,32 @@ class SamplingBatch:
         self.vocab_mask, self.vocab_mask_rows = mask if mask is not None else (None, None)
 
     @classmethod
+    def greedy_only(cls, bs: int) -> SamplingBatch:
+        """Argmax for every row, no logit processor: no tensor is built."""
+        none = dict.fromkeys(
+            ("top_ps", "top_ks", "min_ps", "frequency", "presence", "output_counts"), None
+        )
+        return cls(
+            temperatures=None,
+            greedy=None,
+            all_greedy=True,
+            generators=[None] * bs,
+            repetition=None,
+            seen_mask=None,
+            min_tokens_mask=None,
+            logit_bias=None,
+            **none,
+        )
+
+    @classmethod
     def from_reqs(
         cls, reqs: Sequence[SamplingReq], vocab: int, device: torch.device
     ) -> SamplingBatch:
         sps = [r.sampling_params for r in reqs]
         bs = len(reqs)
         greedy_list = [sp.is_greedy for sp in sps]
+        if all(greedy_list) and not any(_needs_processor(r) for r in reqs):
+            return cls.greedy_only(len(reqs))
 
         def col(values: list[float], dtype=torch.float32) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype, device=device)
@@ -95,10 +116,11 @@ class SamplingBatch:
                 for tok, b in (sp.logit_bias or {}).items():
                     bias[i, int(tok)] = float(b)
 
+        all_greedy = all(greedy_list)
         return cls(
-            temperatures=temps,
-            greedy=torch.tensor(greedy_list, dtype=torch.bool, device=device),
-            all_greedy=all(greedy_list),
+            temperatures=None if all_greedy else temps,
+            greedy=None if all_greedy else torch.tensor(greedy_list, device=device),
+            all_greedy=all_greedy,
             top_ps=col([sp.top_p for sp in sps]) if need_top_p else None,
             top_ks=col([sp.top_k if sp.top_k > 0 else vocab for sp in sps], torch.int64)
             if need_top_k
@@ -113,3 +135,15 @@ class SamplingBatch:
             min_tokens_mask=min_mask,
             logit_bias=bias,
         )
+
+
+def _needs_processor(req: SamplingReq) -> bool:
+    """Whether a greedy row still needs a logit processor (penalties, bias, min-tokens ban)."""
+    sp = req.sampling_params
+    return bool(
+        sp.frequency_penalty
+        or sp.presence_penalty
+        or sp.repetition_penalty != 1.0
+        or sp.logit_bias
+        or len(req.output_ids) < sp.min_new_tokens
+    )

@@ -376,8 +376,11 @@ class Scheduler:
         )
         next_ids = logprobs = top = None
         if sampling:
-            rows = torch.tensor([r for r in batch.sample_rows if r >= 0], device=hidden.device)
-            logits = self.runner.compute_logits(hidden.index_select(0, rows))
+            rows = [r for r in batch.sample_rows if r >= 0]
+            last = hidden  # NOTE: decode samples every row, in order: no gather
+            if rows != list(range(hidden.shape[0])):
+                last = hidden.index_select(0, torch.tensor(rows, device=hidden.device))
+            logits = self.runner.compute_logits(last)
             sb = SamplingBatch.from_reqs(sampling, self.config.vocab_size, self.device)
             sb.set_vocab_mask(self.grammars.build_mask(sampling))
             want_lp = any(r.return_logprob for r in sampling)

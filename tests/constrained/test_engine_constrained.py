@@ -42,12 +42,17 @@ def test_corpus_valid_with_jump_forward(corpus_on):
 
 
 def test_corpus_valid_without_jump_forward(tmp_path_factory):
-    from conftest import get_engine
+    from tests_helpers import get_engine, release_engine
 
     # NOTE: test_compile_walks.py (which runs first) left the compiled indexes in this cache.
-    cache = str(tmp_path_factory.getbasetemp() / "grammar-cache")
-    engine = get_engine(disable_jump_forward=True, grammar_cache_dir=cache)
-    _outs, jumps = run_corpus(engine)
+    config = {
+        "disable_jump_forward": True,
+        "grammar_cache_dir": str(tmp_path_factory.getbasetemp() / "grammar-cache"),
+    }
+    try:
+        _outs, jumps = run_corpus(get_engine(**config))
+    finally:
+        release_engine(**config)
     assert jumps == 0
     # NOTE: outputs may differ: a jump re-tokenizes, and greedy decoding continues from other
     # token boundaries. Validity must not (run_corpus checked every output).

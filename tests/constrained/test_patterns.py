@@ -148,3 +148,42 @@ def test_choices_are_escaped_literals():
 def test_ebnf_is_rejected_clearly():
     with pytest.raises(GrammarError, match="ebnf grammars are not supported"):
         check_spec(GrammarSpec("ebnf", "root ::= 'a'"))
+
+
+# Strings without control characters: JSON would write those as \u escapes (not generated).
+json_text = st.text(st.characters(blacklist_categories=("Cc", "Cs")), max_size=8)
+json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(10**6), 10**6), json_text)
+json_depth2 = st.dictionaries(
+    json_text,
+    st.one_of(
+        json_scalars,
+        st.lists(json_scalars, max_size=3),
+        st.dictionaries(json_text, json_scalars, max_size=3),
+    ),
+    max_size=4,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(json_depth2)
+def test_any_object_regex_accepts_json_objects_nested_twice(doc):
+    rx = re.compile(spec_to_regex(GrammarSpec("json_schema", json.dumps({"type": "object"}))))
+    for separators in ((", ", ": "), (",", ":")):
+        assert rx.fullmatch(json.dumps(doc, separators=separators, ensure_ascii=False))
+
+
+@pytest.mark.parametrize(
+    "text, ok",
+    [
+        ("{}", True),
+        ('{"a": {"b": [1, "x", null]}}', False),  # three levels deep
+        ('{"a": [1, {"b": 2}]}', False),
+        ('{"a": 1,}', False),
+        ("[1, 2]", False),
+        ('{"a": 01}', False),
+        ('{"a": "\\u00e9"}', False),  # \u escapes are not in outlines-core's string grammar either
+    ],
+)
+def test_any_object_regex_rejects_non_objects_and_deeper_nesting(text, ok):
+    rx = re.compile(spec_to_regex(GrammarSpec("json_schema", json.dumps({"type": "object"}))))
+    assert bool(rx.fullmatch(text)) == ok

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests_helpers import PARITY_PROMPTS, hf_greedy_outputs
+from tests_helpers import PARITY_PROMPTS, get_engine, hf_greedy_outputs, release_engine
 
 MAX_NEW = 24
 
@@ -24,9 +24,15 @@ def reference(hf_reference):
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_greedy_parity_batched(name, reference):
-    from conftest import get_engine
-
     engine = get_engine(**CONFIGS[name])
+    try:
+        _check_parity(name, engine, reference)
+    finally:
+        if CONFIGS[name]:  # not the session's default engine
+            release_engine(**CONFIGS[name])
+
+
+def _check_parity(name: str, engine, reference: list[list[int]]) -> None:
     params = {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True}
     outs = engine.generate(PARITY_PROMPTS, params)
     # Twice: the second round runs on a warm radix cache (prefix hits everywhere).
