@@ -34,6 +34,7 @@ from radixlm.runtime.errors import (
     RequestTooLongError,
 )
 from radixlm.runtime.ipc import PortArgs, TypedReceiver, send
+from radixlm.runtime.regex_guard import check_regex_size
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.server_args import ServerArgs
 
@@ -138,6 +139,8 @@ class TokenizerManager:
         sp = SamplingParams.from_dict(req.sampling_params, self.vocab_size)
         # Constraints (regex / JSON schema / choices) fail here, before anything is sent.
         check_sampling_params(sp, self.args.constrained_json_whitespace_pattern)
+        if sp.regex:  # NOTE: after the syntax checks; bounds the automaton (regex_guard)
+            check_regex_size(sp.regex)
         if req.input_ids is not None:
             ids = req.input_ids
             if not isinstance(ids, list) or not all(
@@ -159,7 +162,9 @@ class TokenizerManager:
         else:
             raise InvalidRequestError("one of text or input_ids is required", "text")
         if not ids:
-            raise InvalidRequestError("the prompt is empty", "text")
+            raise InvalidRequestError(
+                "the prompt is empty", "text" if req.input_ids is None else "input_ids"
+            )
         self.check_length(
             len(ids), sp.max_new_tokens, "text" if req.input_ids is None else "input_ids"
         )
