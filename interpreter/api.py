@@ -66,6 +66,10 @@ _LAZY = {
     "Engine": ("radixlm.runtime.engine", "Engine"),
     "EngineBackend": ("radixlm.interpreter.engine_backend", "EngineBackend"),
     "RuntimeEndpoint": ("radixlm.interpreter.runtime_endpoint", "RuntimeEndpoint"),
+    "EndpointError": ("radixlm.interpreter.runtime_endpoint", "EndpointError"),
+    "EndpointRequestError": ("radixlm.interpreter.runtime_endpoint", "EndpointRequestError"),
+    "EndpointAuthError": ("radixlm.interpreter.runtime_endpoint", "EndpointAuthError"),
+    "EndpointConnectionError": ("radixlm.interpreter.runtime_endpoint", "EndpointConnectionError"),
     "OpenAI": ("radixlm.interpreter.openai_backend", "OpenAI"),
 }
 

@@ -1,5 +1,6 @@
 """The user-facing material runs: examples/*.py, the notebooks (in a real Jupyter kernel), and
-every Python block of docs/language.md. Each runs in its own process on the default model."""
+every Python block of docs/language.md (its server examples against `main_server`). Each runs in
+its own process on the default model."""
 
 from __future__ import annotations
 
@@ -51,11 +52,22 @@ def doc_blocks(markdown: str) -> list[str]:
     return blocks
 
 
-def test_doc_examples_run(tmp_path):
+# The server address and API key the doc's examples use; the test points them at `main_server`.
+DOC_SERVER_URL = "http://127.0.0.1:30000"
+DOC_API_KEY = '"sk-local"'
+
+
+def test_doc_examples_run(tmp_path, main_server):
     blocks = doc_blocks(DOC.read_text())
     assert len(blocks) >= 6
+    source = "\n\n".join(f"# --- block {i}\n{b}" for i, b in enumerate(blocks))
+    # NOTE: only the literal address and key change: the backends' examples run as printed.
+    assert f"RuntimeEndpoint({DOC_SERVER_URL!r}".replace("'", '"') in source
+    assert f"api_key={DOC_API_KEY}" in source
+    source = source.replace(DOC_SERVER_URL, main_server.base_url)
+    source = source.replace(DOC_API_KEY, repr(main_server.api_key))
     script = tmp_path / "language_md.py"
-    script.write_text("\n\n".join(f"# --- block {i}\n{b}" for i, b in enumerate(blocks)))
+    script.write_text(source)
     out = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path
     )

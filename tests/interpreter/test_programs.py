@@ -1,6 +1,7 @@
 """Generation programs on the real runtime, modeled on SGLang's frontend tests
-(`sglang/test/test_programs.py`). Every test runs through each `backend` of conftest.py (the
-in-process Engine; later also RuntimeEndpoint against `radixlm serve`).
+(`sglang/test/test_programs.py`). Every program runs through each `backend` of conftest.py: the
+in-process Engine and `RuntimeEndpoint` against `radixlm serve` (a test that checks only the
+interpreter's own mechanics runs on the Engine alone: `parametrize("backend", ["engine"], ...)`).
 
 The default model is tiny (SmolLM2-135M), so tests assert behaviour (shapes, constraints, cache
 hits, control flow, errors), not world knowledge. Generations are short to keep CI fast.
@@ -103,9 +104,17 @@ def true_or_false(s, statement, method):
     s += "Answer:" + rl.select("answer", [" True", " False", " Unknown"], choices_method=method)
 
 
+# NOTE: every method on the Engine; through HTTP only the one that sends both kinds of scoring
+# request (text batch + input_ids batch): the methods differ only in pure-Python post-processing.
 @pytest.mark.parametrize(
-    "method",
-    ["token_length_normalized", "greedy_token_selection", "unconditional_likelihood_normalized"],
+    ("backend", "method"),
+    [
+        ("engine", "token_length_normalized"),
+        ("engine", "greedy_token_selection"),
+        ("engine", "unconditional_likelihood_normalized"),
+        ("endpoint", "unconditional_likelihood_normalized"),
+    ],
+    indirect=["backend"],
 )
 def test_select_each_choices_method(backend, method):
     states = true_or_false.run_batch(
@@ -230,6 +239,7 @@ def test_int_and_dtype_decode(backend):
     assert re.fullmatch(rl.REGEX_STR, state["name"]), state["name"]
 
 
+@pytest.mark.parametrize("backend", ["engine"], indirect=True)  # interpreter mechanics only
 def test_run_batch_with_progress_bar(backend, capfd):
     states = few_shot_qa.run_batch(
         [{"question": f"What is {a} plus {a}?"} for a in range(5)],

@@ -174,6 +174,7 @@ def test_return_logprob_meta(backend):
     assert all(len(t) == 2 for t in meta["output_top_logprobs"])
 
 
+@pytest.mark.parametrize("backend", ["engine"], indirect=True)  # interpreter mechanics only
 def test_expert_answer_reads_a_variable(backend):
     @rl.function
     def expert_answer(s, question):
@@ -197,6 +198,7 @@ def test_expert_answer_reads_a_variable(backend):
     assert ("For example," + state["expert"] + " would answer that ") in state.text()
 
 
+@pytest.mark.parametrize("backend", ["engine"], indirect=True)  # HTTP errors: test_backends.py
 def test_errors_inside_programs(backend):
     @rl.function
     def bad_params(s):
