@@ -14,6 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
+from radixlm.runtime.errors import GrammarError
+from radixlm.runtime.regex_guard import MAX_DFA_STATES, check_regex_size, dfa_size
+
 HUGE = b'{"text": "' + b"x" * (9 * 1024 * 1024) + b'"}'  # over the default 8 MiB body limit
 LONG_TEXT = "hello " * 5000  # ~5000 tokens: over the tiny model's 2048-token context
 CHAT = [{"role": "user", "content": "hi"}]
@@ -196,6 +199,7 @@ def test_bad_request_gets_a_4xx_naming_the_problem(server, method, path, body, s
 def test_server_keeps_answering_during_bad_input(server, metric_value):
     """Every malformed request of the table, fired from four threads, while good requests run
     next to them: the good ones all succeed, and no 5xx is ever counted."""
+    before = server.client.get("/metrics").text
     good: list[int] = []
     wrong: list[tuple] = []
     stop = threading.Event()
@@ -223,6 +227,34 @@ def test_server_keeps_answering_during_bad_input(server, metric_value):
     runner.join(60)
     assert not wrong, wrong
     assert good and set(good) == {200}, good
-    text = server.client.get("/metrics").text
+    after = server.client.get("/metrics").text
     for status in ("500", "502", "503", "504"):
-        assert metric_value(text, "radixlm:rejected_requests_total", status=status) == 0, status
+        count = "radixlm:rejected_requests_total"
+        assert metric_value(after, count, status=status) == metric_value(
+            before, count, status=status
+        )
+    assert (
+        metric_value(after, count, status="400") - metric_value(before, count, status="400") >= 80
+    )
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [r"[0-9]{3}-[0-9]{4}", r"(yes|no)", r".{0,500}", r"\w+@\w+\.com", r"(\d{1,3}\.){3}\d{1,3}",
+     r"[^\"\\]{0,200}", r"\{\"name\": \"[A-Za-z ]{1,20}\", \"age\": [0-9]{1,3}\}",
+     r"(x+x+)+y", r"((a|b)*a(a|b){5}){3}", "(" + "|".join(f"word{i}" for i in range(300)) + ")"],
+)  # fmt: skip
+def test_regex_guard_admits_ordinary_patterns(pattern):
+    """No false alarm: everyday patterns (and ones that only backtracking engines fear) pass."""
+    check_regex_size(pattern)
+    assert dfa_size(pattern) < MAX_DFA_STATES
+
+
+@pytest.mark.parametrize(
+    ("pattern", "why"),
+    [("(a|b)*a(a|b){20}", "states"), ("[a-z]{20000}", "positions"), ("(ab|cd){0,4000}", "states")],
+)
+def test_regex_guard_rejects_explosive_patterns(pattern, why):
+    with pytest.raises(GrammarError, match=why) as info:
+        check_regex_size(pattern)
+    assert info.value.field == "regex"
