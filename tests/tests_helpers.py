@@ -81,8 +81,19 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+_HF_GREEDY: dict[str, list[int]] = {}
+
+
 def hf_greedy_outputs(ref: Any, prompts: list[str], max_new: int) -> list[list[int]]:
-    return [ref.greedy(ref.tokenizer.encode(p), max_new) for p in prompts]
+    """transformers' greedy tokens of each prompt (memoized for the session: a shorter request
+    is the prefix of a longer one, so the parity modules share one reference run)."""
+    out = []
+    for prompt in prompts:
+        ids = _HF_GREEDY.get(prompt)
+        if ids is None or len(ids) < max_new:
+            ids = _HF_GREEDY[prompt] = ref.greedy(ref.tokenizer.encode(prompt), max_new)
+        out.append(ids[:max_new])
+    return out
 
 
 def runner_logits(runner: Any, ids: list[int]) -> Any:
