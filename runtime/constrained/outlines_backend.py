@@ -65,10 +65,16 @@ class CompiledGrammar:
         self._forced[state] = edge
         return edge
 
-    def jump_string(self, state: int) -> str | None:
-        """The longest forced text from `state` (whole characters only), memoised."""
+    def jump_string(self, state: int, guide: Any = None) -> str | None:
+        """The longest forced text from `state` (whole characters only), memoised. `guide`: a
+        Guide at `state`, whose bitmask gives a cheap first test."""
         if state in self._jump:
             return self._jump[state]
+        if guide is not None and not self._one_first_byte(guide):
+            # NOTE: ~0.3 ms against ~3 ms for `get_allowed_tokens` on a string state (49k ids
+            # as a Python list); most states force nothing, and each is tested once.
+            self._jump[state] = None
+            return None
         out = bytearray()
         cur, seen = state, {state}
         while len(out) < MAX_JUMP_BYTES:
@@ -88,6 +94,16 @@ class CompiledGrammar:
         result = text or None
         self._jump[state] = result
         return result
+
+    def _one_first_byte(self, guide: Any) -> bool:
+        """Whether every token the guide allows starts with the same byte."""
+        n = self.vocab.vocab_size
+        mask = np.empty((n + 31) // 32, dtype=np.int32)
+        guide.write_mask_into(mask.ctypes.data, mask.size, 4)
+        allowed = np.unpackbits(mask.view(np.uint8), bitorder="little")[:n].view(bool)
+        first = self.vocab.first_byte[:n][allowed]
+        first = first[first >= 0]
+        return bool(first.size) and bool((first == first[0]).all())
 
 
 class OutlinesGrammar(Grammar):
@@ -133,7 +149,7 @@ class OutlinesGrammar(Grammar):
     def jump_forward(self) -> str | None:
         if self.eos_accepted:
             return None
-        return self.compiled.jump_string(self.guide.get_state())
+        return self.compiled.jump_string(self.guide.get_state(), self.guide)
 
     def rollback(self, n: int) -> None:
         if n <= 0:
