@@ -160,7 +160,10 @@ def run_requests(
     import httpx
 
     async def main() -> list[Outcome]:
-        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        # NOTE: idle connections expire on the client first (the server keeps them 30 s), so a
+        # request is never sent on a connection the server is closing.
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency,
+                              keepalive_expiry=2.0)  # fmt: skip
         gate = asyncio.Semaphore(concurrency)
         async with httpx.AsyncClient(base_url=server.base_url, limits=limits,
                                      timeout=timeout_s) as client:  # fmt: skip

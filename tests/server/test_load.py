@@ -26,7 +26,7 @@ SEED = 1234
 MAX_NEW = 16
 # A leak of even a few KiB per request would show over 500 requests: the second half of the run
 # must not grow the processes' resident memory by more than this (allocator noise included).
-RSS_GROWTH_LIMIT_MB = 96.0
+RSS_GROWTH_LIMIT_MB = 64.0
 
 REGEX = r"[0-9]{3}-[0-9]{4}"
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
