@@ -133,11 +133,25 @@ class ServerArgs:
                 parser.add_argument(flag, action="store_true", default=default)
                 continue
             kind = _cli_type(f.type)
-            parser.add_argument(flag, type=kind, default=default, metavar=f.name.upper())
+            parser.add_argument(
+                flag, type=kind, default=default, metavar=f.name.upper(), help=_HELP.get(f.name)
+            )
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> ServerArgs:
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
+# `--help` text of the flags that bound load (docs/reliability.md).
+_HELP = {
+    "max_total_tokens": "KV pool size in tokens; prompt + max_new_tokens above it is a 400",
+    "context_length": "max prompt + output tokens per request (default: the model's)",
+    "max_queued_requests": "max requests held at once, running or waiting; beyond it 429",
+    "request_timeout": "seconds a request may run; after it 504 and the request is aborted",
+    "queue_timeout": "seconds a request may wait before it starts; after it 429 (shed)",
+    "max_request_body_bytes": "larger request bodies get 413",
+    "shutdown_timeout": "seconds in-flight requests get to finish on SIGTERM/SIGINT",
+}
 
 
 def _cli_type(annotation: Any) -> type:

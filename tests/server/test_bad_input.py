@@ -1,4 +1,4 @@
-"""Bad input, table-driven, on the tiny-model server: 80+ malformed requests across every
+"""Bad input, table-driven, on the tiny-model server: 100+ malformed requests across every
 endpoint (broken JSON, wrong types, negative / huge / non-finite values, empty prompts, unknown
 fields, huge bodies, invalid UTF-8, invalid regexes and schemas, regexes whose automaton explodes,
 stop lists of thousands of strings, n far too large, logprob_start_len beyond the prompt, unknown

@@ -58,6 +58,9 @@ def test_reliability_flags_are_cli_flags_of_serve():
     args = ServerArgs.from_cli_args(ns)
     assert (args.max_queued_requests, args.max_total_tokens) == (3, 4096)
     assert (args.request_timeout, args.queue_timeout, args.shutdown_timeout) == (7.5, 2.0, 9.0)
+    usage = " ".join(build_parser().format_help().split())
+    assert "--max-queued-requests MAX_QUEUED_REQUESTS max requests held at once" in usage
+    assert "--queue-timeout QUEUE_TIMEOUT seconds a request may wait" in usage
     for flag in ("--request-timeout", "--queue-timeout", "--max-queued-requests"):
         with pytest.raises(InvalidRequestError, match=flag[2:].replace("-", "_")):
             ServerArgs.from_cli_args(build_parser().parse_args([flag, "0"]))
@@ -99,6 +102,13 @@ def test_burst_over_the_limits_is_shed_explicitly(server, run_requests, metric_v
         if o.status == 429:
             assert o.headers["retry-after"] == "1" and "queue_timeout" in o.json["error"]["message"]
     assert time.monotonic() - start < REQUEST_TIMEOUT_S + 60
+    print(
+        "\nBURST FIGURES "
+        + ", ".join(
+            f"{o.status} {o.error_code} after {o.latency_s:.2f} s"
+            for o in sorted(burst, key=lambda o: o.latency_s)
+        )
+    )
     server.wait_idle_and_check_kv()  # the timed-out requests' KV is back
     ok = server.client.post(
         "/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 2}}
@@ -173,6 +183,10 @@ def test_sigterm_during_load_drains_and_exits_cleanly(server, run_requests):
     assert server.proc.wait(SHUTDOWN_TIMEOUT_S + 30) == 0
     waited = time.monotonic() - signalled
     assert SHUTDOWN_TIMEOUT_S - 0.5 <= waited < SHUTDOWN_TIMEOUT_S + 20, waited  # it drained
+    print(
+        f"\nSIGTERM FIGURES exit 0 after {waited:.2f} s (shutdown_timeout {SHUTDOWN_TIMEOUT_S} s); "
+        f"flood statuses {sorted({o.status for o in flood})}"
+    )
     for o in results:
         assert o.status == 200 and o.events[-1] == "[DONE]", (o.status, o.error, o.events[-2:])
         meta = o.events[-2]["meta_info"]
