@@ -21,10 +21,12 @@ import pytest
 from server_process import sse_events
 from tests_helpers import pid_alive
 
-SMALL_POOL = 1536
+SMALL_POOL = 1024
 GREEDY = {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True}
-# Long enough to be in flight whenever the test acts, short enough for the pool and context.
+# Long enough to be in flight whenever the test acts, short enough for the context (and, for
+# KILL, the small pool).
 LONG = {"max_new_tokens": 1400, "ignore_eos": True}
+KILL = {"max_new_tokens": 900, "ignore_eos": True}
 STORM = 100
 
 
@@ -123,13 +125,13 @@ def test_dead_scheduler_is_reported_and_nothing_hangs(server, metric_value):
     streaming = threading.Event()
 
     def stream() -> None:
-        body = {"text": "Tell a story.", "stream": True, "sampling_params": LONG}
+        body = {"text": "Tell a story.", "stream": True, "sampling_params": KILL}
         with server.client.stream("POST", "/generate", json=body) as resp:
             results["stream"] = list(sse_events(_mark(resp.iter_lines(), streaming)))
 
     def blocking() -> None:
         results["plain"] = server.client.post(
-            "/generate", json={"text": "Another.", "sampling_params": LONG}
+            "/generate", json={"text": "Another.", "sampling_params": KILL}
         )
 
     threads = [threading.Thread(target=stream), threading.Thread(target=blocking)]
