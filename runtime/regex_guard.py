@@ -35,7 +35,10 @@ except ImportError:  # pragma: no cover
 from radixlm.runtime.errors import GrammarError
 
 MAX_POSITIONS = 10_000  # character-set occurrences after expanding counted repetitions
-MAX_DFA_STATES = 5_000
+# NOTE: outlines-core needs ~10 ms per state of a narrow pattern on the 49k SmolLM2 vocabulary
+# (`[a-z ]{0,1000}`: 12 s, `(a|b)*a(a|b){11}`, 2048 states: 23 s on the 2-core CI machine), so
+# anything over this bound would run into the default 30 s grammar_compile_timeout anyway.
+MAX_DFA_STATES = 2_000
 MAX_STEPS = 1_000_000  # (state, position) pairs visited by the subset construction
 _TOP = 0x110000
 _NL = ((10, 10),)
@@ -185,11 +188,35 @@ def _complement(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], .
     return tuple(out)
 
 
+def _positions(items: list) -> int:
+    """How many positions the Glushkov automaton of `items` has (counted repetitions expanded),
+    computed on the parse tree: `[a-z]{1000000}` is refused before anything is built."""
+    total = 0
+    for op, av in items:
+        if op in (sre_c.LITERAL, sre_c.NOT_LITERAL, sre_c.ANY, sre_c.IN):
+            total += 1
+        elif op is sre_c.BRANCH:
+            total += sum(_positions(list(alt)) for alt in av[1])
+        elif op is sre_c.SUBPATTERN:
+            total += _positions(list(av[-1]))
+        elif op is getattr(sre_c, "ATOMIC_GROUP", None):
+            total += _positions(list(av))
+        elif op in _REPEATS:
+            lo, hi, body = av
+            copies = lo + 1 if hi == sre_c.MAXREPEAT else hi
+            total += copies * _positions(list(body))
+        if total > MAX_POSITIONS:
+            raise _TooComplex(f"more than {MAX_POSITIONS} character positions")
+    return total
+
+
 def dfa_size(pattern: str) -> int:
     """The number of states of the pattern's character-level DFA; raises _TooComplex beyond the
     budgets."""
+    items = list(sre_parse.parse(pattern))
+    _positions(items)
     g = _Glushkov()
-    root = g.walk(list(sre_parse.parse(pattern)))
+    root = g.walk(items)
     # The alphabet, split where any position's set starts or ends: one representative each.
     cuts = sorted({0} | {b for ranges in g.sets for lo, hi in ranges for b in (lo, hi + 1)})
     reps = [c for c in cuts if c < _TOP]
