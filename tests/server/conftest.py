@@ -27,8 +27,8 @@ TINY_MODEL_ARGS = (
     "--model-path", "tiny-smollm", "--load-format", "dummy",
     "--tokenizer-path", default_model_path(), "--num-threads", "1",
 )  # fmt: skip
-# `tiny_server`: a KV pool far above what 256 requests in flight need at once is not the point:
-# 65536 slots keep retraction out of the load test (test_faults forces it on a small pool).
+# `tiny_server`: 65536 KV slots, enough for the load test's 256 requests in flight (retraction is
+# test_faults' subject, on a small pool), and a queue limit above that concurrency.
 TINY_SERVER_ARGS = (*TINY_MODEL_ARGS, "--max-total-tokens", "65536",
                     "--max-queued-requests", "1024", "--grammar-compile-timeout", "10")  # fmt: skip
 # Sockets a healthy idle server may hold beyond its baseline: the keep-alive connections of the
@@ -36,15 +36,17 @@ TINY_SERVER_ARGS = (*TINY_MODEL_ARGS, "--max-total-tokens", "65536",
 SOCKET_SLACK = 8
 INVARIANT_TIMEOUT_S = 30.0
 
-_STARTED: list[ServerProcess] = []
 _BASELINES: dict[int, dict[str, Any]] = {}
 
 
 def start_tracked(*extra: str, api_key: str | None = None) -> ServerProcess:
     """Start a server, wait until ready, and record its baseline (children, sockets)."""
     server = ServerProcess(*extra, api_key=api_key)
-    _STARTED.append(server)
-    server.wait_ready()
+    try:
+        server.wait_ready()
+    except BaseException:
+        server.close()  # NOTE: a server that failed to start must not outlive the test
+        raise
     _BASELINES[id(server)] = _snapshot(server)
     return server
 
@@ -157,7 +159,6 @@ def run_requests(
     pool slot; the outcomes, in order. `hang_up_after`: streaming clients disconnect after that
     many events; `on_event(outcome)` runs (on the client's loop thread) after each SSE event.
     Blocks (runs its own event loop: call it from a thread to overlap other work)."""
-    import httpx
 
     async def main() -> list[Outcome]:
         # NOTE: idle connections expire on the client first (the server keeps them 30 s), so a
@@ -239,7 +240,8 @@ def check_server_invariants(server: ServerProcess) -> None:
         return  # a test broke it on purpose (test_faults) and checks it itself
     info = server.wait_idle_and_check_kv(INVARIANT_TIMEOUT_S)
     assert info["tm_requests"] == 0, f"requests left in the tokenizer manager: {info}"
-    if base is None:
+    if base is None:  # a server started elsewhere (main_server): its baseline is now
+        _BASELINES[id(server)] = _snapshot(server)
         return
     snap = _wait_sockets(server, base["sockets"] + SOCKET_SLACK)
     assert snap["children"] == base["children"], (snap, base)
