@@ -58,17 +58,21 @@ class EngineProcesses:
         self.ports.cleanup()
 
 
-def child_env() -> dict[str, str]:
-    """The children's environment: ours, with OpenMP threads that sleep when idle.
+# The children's defaults (a user's own setting wins):
+# - OMP_WAIT_POLICY: libgomp's default spins ~0.3 ms at every barrier. On a machine with other
+#   busy processes (a 2-core CI box running tests, a laptop) a spinning team whose member was
+#   descheduled burns its time slices waiting: decode steps of the default model were measured 7x
+#   slower (43.7 s vs 6.4 s for 20 tokens at load 8 on 2 cores).
+# - MALLOC_MMAP_THRESHOLD_: glibc's adaptive mmap threshold lets the scheduler's large, variably
+#   sized tensors (logits rows of the vocabulary size) land on the heap, which fragments: resident
+#   memory grew ~0.3 MB per request under load (docs/reliability.md). A fixed threshold keeps them
+#   mmapped and returned on free; memory stays flat.
+CHILD_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE", "MALLOC_MMAP_THRESHOLD_": "65536"}
 
-    NOTE: libgomp's default spins ~0.3 ms at every barrier. On a machine with other busy
-    processes (a 2-core CI box running tests, a laptop) a spinning team whose member was
-    descheduled burns its time slices waiting: decode steps of the default model were measured
-    7x slower (43.7 s vs 6.4 s for 20 tokens at load 8 on 2 cores). A user's own setting wins.
-    """
-    env = dict(os.environ)
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    return env
+
+def child_env() -> dict[str, str]:
+    """The children's environment: ours, plus `CHILD_ENV_DEFAULTS` where unset."""
+    return {**CHILD_ENV_DEFAULTS, **os.environ}
 
 
 def launch_processes(

@@ -45,12 +45,6 @@ ABORT_GRACE_S = 5.0  # after aborting, how long requests get to deliver their fi
 # client can send a request on a keep-alive connection the server is closing at that instant,
 # and the request fails without an answer.
 KEEP_ALIVE_S = 30
-# NOTE: glibc's adaptive mmap threshold lets the scheduler's large, variably sized tensors
-# (logits rows of the vocabulary size) land on the heap, which fragments: resident memory grew
-# ~0.3 MB per request under load (docs/reliability.md). A fixed threshold keeps them mmapped and
-# returned on free; memory stays flat. Set before the children start (they inherit it); an
-# operator's own setting wins.
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -147,8 +141,6 @@ def serve_main(argv: list[str] | None = None) -> int:
     if args.load_format != "dummy" and args.model_path and not os.path.exists(args.model_path):
         logger.error("model path %r does not exist (models are never downloaded)", args.model_path)
         return 2
-    for key, value in MALLOC_ENV.items():
-        os.environ.setdefault(key, value)
     box: dict[str, Any] = {}
     try:
         procs = launch_processes(args, lambda: box.update(tokenizer=load_server_tokenizer(args)))
