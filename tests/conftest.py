@@ -4,7 +4,9 @@ reference model of the default model, the KV-accounting check after every engine
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -67,3 +69,21 @@ def main_server() -> Iterator[ServerProcess]:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture
+def kernel_name(tmp_path, monkeypatch):
+    """A kernelspec that runs this interpreter (so the kernel sees the same radixlm install)."""
+    name = "radixlm-test"
+    spec_dir = tmp_path / "jupyter" / "kernels" / name
+    spec_dir.mkdir(parents=True)
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "radixlm test",
+        "language": "python",
+    }
+    (spec_dir / "kernel.json").write_text(json.dumps(spec))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    monkeypatch.setenv("JUPYTER_PLATFORM_DIRS", "1")
+    monkeypatch.setenv("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+    return name

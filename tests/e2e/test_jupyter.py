@@ -5,11 +5,9 @@ process when the kernel dies without a shutdown."""
 from __future__ import annotations
 
 import json
-import sys
 import time
 
 import nbformat
-import pytest
 from nbclient import NotebookClient
 
 from tests_helpers import pid_alive
@@ -35,24 +33,9 @@ print("AFTER", out["meta_info"]["completion_tokens"], engine.get_server_info()["
 """
 
 
-@pytest.fixture
-def kernel(tmp_path, monkeypatch) -> str:
-    spec_dir = tmp_path / "jupyter" / "kernels" / "radixlm-e2e"
-    spec_dir.mkdir(parents=True)
-    spec = {
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "language": "python",
-        "display_name": "radixlm",
-    }
-    (spec_dir / "kernel.json").write_text(json.dumps(spec))
-    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
-    monkeypatch.setenv("JUPYTER_PLATFORM_DIRS", "1")
-    return "radixlm-e2e"
-
-
-def _run(cells: list[str], kernel: str) -> list[str]:
+def _run(cells: list[str], kernel_name: str) -> list[str]:
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    NotebookClient(nb, kernel_name=kernel, timeout=600, allow_errors=True).execute()
+    NotebookClient(nb, kernel_name=kernel_name, timeout=600, allow_errors=True).execute()
     out = []
     for cell in nb.cells:
         for o in cell.outputs:
@@ -74,17 +57,18 @@ def _wait_dead(pids: list[int], timeout: float = 15.0) -> bool:
     return False
 
 
-def test_ctrl_c_aborts_generation_and_shutdown_is_clean(kernel) -> None:
-    outputs = _run([START, INTERRUPT, AFTER, "engine.shutdown()"], kernel)
+def test_ctrl_c_aborts_generation_and_shutdown_is_clean(kernel_name) -> None:
+    outputs = _run([START, INTERRUPT, AFTER, "engine.shutdown()"], kernel_name)
     assert "KeyboardInterrupt" in outputs
     after = next(o for o in outputs if o.startswith("AFTER"))
     assert after.split() == ["AFTER", "4", "0"]
     assert _wait_dead(_pids(outputs))
 
 
-def test_kernel_exit_without_shutdown_leaves_no_orphans(kernel) -> None:
+def test_kernel_exit_without_shutdown_leaves_no_orphans(kernel_name) -> None:
     outputs = _run(
-        [START, "print(engine.generate('Hi', {'max_new_tokens': 2})['text'] is not None)"], kernel
+        [START, "print(engine.generate('Hi', {'max_new_tokens': 2})['text'] is not None)"],
+        kernel_name,
     )
     pids = _pids(outputs)
     assert _wait_dead(pids), f"orphaned engine processes: {[p for p in pids if pid_alive(p)]}"

@@ -4,7 +4,6 @@ its own process on the default model."""
 
 from __future__ import annotations
 
-import json
 import re
 import runpy
 import subprocess
@@ -72,24 +71,6 @@ def test_doc_examples_run(tmp_path, main_server):
         [sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path
     )
     assert out.returncode == 0, out.stderr[-4000:]
-
-
-@pytest.fixture
-def kernel_name(tmp_path, monkeypatch):
-    """A kernelspec that runs this interpreter (so the kernel sees the same radixlm install)."""
-    name = "radixlm-test"
-    spec_dir = tmp_path / "jupyter" / "kernels" / name
-    spec_dir.mkdir(parents=True)
-    spec = {
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "radixlm test",
-        "language": "python",
-    }
-    (spec_dir / "kernel.json").write_text(json.dumps(spec))
-    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
-    monkeypatch.setenv("JUPYTER_PLATFORM_DIRS", "1")
-    monkeypatch.setenv("PYDEVD_DISABLE_FILE_VALIDATION", "1")
-    return name
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
