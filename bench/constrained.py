@@ -199,16 +199,24 @@ def _outlines_setup(kinds: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def bench_e2e(
-    n: int, max_new: int, batch_sizes: list[int], tpot_tokens: int, repeats: int, peer: bool
+    n: int,
+    max_new: int,
+    batch_sizes: list[int],
+    tpot_tokens: int,
+    repeats: int,
+    peer: bool,
+    json_whitespace: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """JSON extraction with jump-forward on and off, and through Outlines, *interleaved* (run
-    r of every system back to back; best of `repeats`), so a busy machine skews all alike."""
+    r of every system back to back; best of `repeats`), so a busy machine skews all alike.
+    `json_whitespace`: the engines' `constrained_json_whitespace_pattern` (None: `[ ]?`)."""
     from radixlm.runtime.engine import Engine
 
     kinds = [("regex", W.EXTRACTION_REGEX), ("json_schema", W.EXTRACTION_SCHEMA)]
+    common = {"max_total_tokens": 16384, "constrained_json_whitespace_pattern": json_whitespace}
     engines = {
-        "on": Engine(max_total_tokens=16384),
-        "off": Engine(max_total_tokens=16384, disable_jump_forward=True),
+        "on": Engine(**common),
+        "off": Engine(**common, disable_jump_forward=True),
     }
     jf: dict[str, Any] = {}
     ol: dict[str, Any] = {}
@@ -326,6 +334,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sections", default="compile,masks,e2e")
     parser.add_argument("--repeats", type=int, default=2, help="e2e runs per system (best kept)")
     parser.add_argument("--no-outlines", action="store_true", help="skip the Outlines peer")
+    parser.add_argument(
+        "--json-whitespace",
+        default=None,
+        help="the engines' constrained_json_whitespace_pattern (default: outlines' `[ ]?`)",
+    )
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args(argv)
     n = 4 if args.quick else args.num_prompts
@@ -361,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.tpot_tokens,
                 args.repeats,
                 not args.no_outlines,
+                args.json_whitespace,
             )
         except Exception as exc:
             failed = True
