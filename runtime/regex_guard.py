@@ -23,7 +23,10 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+import json
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 try:  # Python >= 3.11
     import re._constants as sre_c
@@ -255,6 +258,29 @@ def check_regex_size(pattern: str, field: str = "regex") -> None:
     if problem:
         shown = pattern if len(pattern) <= 80 else pattern[:77] + "..."
         raise GrammarError(f"{field} {shown!r} is too complex: {problem}", field)
+
+
+def check_schema_patterns(schema_text: str) -> None:
+    """`check_regex_size` on every `pattern` of a JSON schema (HTTP 400 naming json_schema).
+    A schema that is not JSON is left to the schema checks."""
+    try:
+        schema = json.loads(schema_text)
+    except (TypeError, ValueError):
+        return
+    for pattern in _schema_patterns(schema):
+        check_regex_size(pattern, "json_schema")
+
+
+def _schema_patterns(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "pattern" and isinstance(value, str):
+                yield value
+            else:
+                yield from _schema_patterns(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _schema_patterns(item)
 
 
 @functools.lru_cache(maxsize=1024)

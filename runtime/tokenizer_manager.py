@@ -34,7 +34,7 @@ from radixlm.runtime.errors import (
     RequestTooLongError,
 )
 from radixlm.runtime.ipc import PortArgs, TypedReceiver, send
-from radixlm.runtime.regex_guard import check_regex_size
+from radixlm.runtime.regex_guard import check_regex_size, check_schema_patterns
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.server_args import ServerArgs
 
@@ -139,8 +139,11 @@ class TokenizerManager:
         sp = SamplingParams.from_dict(req.sampling_params, self.vocab_size)
         # Constraints (regex / JSON schema / choices) fail here, before anything is sent.
         check_sampling_params(sp, self.args.constrained_json_whitespace_pattern)
-        if sp.regex:  # NOTE: after the syntax checks; bounds the automaton (regex_guard)
+        # NOTE: after the syntax checks; bounds the automaton (regex_guard)
+        if sp.regex:
             check_regex_size(sp.regex)
+        if sp.json_schema:
+            check_schema_patterns(sp.json_schema)
         if req.input_ids is not None:
             ids = req.input_ids
             if not isinstance(ids, list) or not all(

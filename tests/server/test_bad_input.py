@@ -146,6 +146,8 @@ CASES: list[tuple[str, str, bytes, int, str | None, str]] = [
     ("POST", G, gen(regex="[a-z]{1000000}"), 400, "regex", "character positions"),
     ("POST", CH, chat(regex="((a|b)*a(a|b){20}){2}"), 400, "regex", "too complex"),
     ("POST", G, gen(regex="x" * 200_000), 400, "regex", "longer than"),
+    ("POST", G, gen(json_schema=json.dumps({"type": "object", "properties": {"c": {"type": "string",
+     "pattern": "(a|b)*a(a|b){40}"}}})), 400, "json_schema", "more than 2000 states"),
     # ---- stop lists, n, logprob_start_len ----
     ("POST", G, gen(stop=[f"s{i}" for i in range(5000)]), 400, "stop", "at most"),
     ("POST", G, gen(stop=["x" * 10_000]), 400, "stop", "at most"),
