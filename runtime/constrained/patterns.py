@@ -72,7 +72,7 @@ def spec_to_regex(spec: GrammarSpec, whitespace_pattern: str | None = None) -> s
         return spec.value
     if spec.kind == "json_schema":
         assert isinstance(spec.value, str)
-        if whitespace_pattern is not None:
+        if whitespace_pattern:  # NOTE: "" is valid: compact JSON, no whitespace at all
             check_regex(whitespace_pattern, "constrained_json_whitespace_pattern")
         return schema_to_regex(spec.value, whitespace_pattern)
     if spec.kind == "choices":

@@ -187,3 +187,16 @@ def test_any_object_regex_accepts_json_objects_nested_twice(doc):
 def test_any_object_regex_rejects_non_objects_and_deeper_nesting(text, ok):
     rx = re.compile(spec_to_regex(GrammarSpec("json_schema", json.dumps({"type": "object"}))))
     assert bool(rx.fullmatch(text)) == ok
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object"},
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+    ],
+)
+def test_empty_whitespace_pattern_means_compact_json(schema):
+    rx = re.compile(spec_to_regex(GrammarSpec("json_schema", json.dumps(schema)), ""))
+    assert rx.fullmatch('{"a":1}')
+    assert not rx.fullmatch('{"a": 1}') and not rx.fullmatch('{ "a":1}')
