@@ -51,19 +51,21 @@ class SamplingBatch:
     @classmethod
     def greedy_only(cls, bs: int) -> SamplingBatch:
         """Argmax for every row, no logit processor: no tensor is built."""
-        none = dict.fromkeys(
-            ("top_ps", "top_ks", "min_ps", "frequency", "presence", "output_counts"), None
-        )
         return cls(
             temperatures=None,
             greedy=None,
             all_greedy=True,
+            top_ps=None,
+            top_ks=None,
+            min_ps=None,
             generators=[None] * bs,
+            frequency=None,
+            presence=None,
+            output_counts=None,
             repetition=None,
             seen_mask=None,
             min_tokens_mask=None,
             logit_bias=None,
-            **none,
         )
 
     @classmethod
