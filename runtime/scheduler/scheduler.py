@@ -7,8 +7,9 @@ Data flow of one iteration (`event_loop`):
        else a DECODE batch of all running requests (retracting some back to `waiting` when the
        KV pool cannot hold one more token for each)
     -> `run_batch`: ForwardBatch -> ModelRunner -> logits -> sampler
-    -> `process_result`: append tokens, logprobs, stop checks; finished requests hand their KV to
-       the prefix cache; unfinished extended ones insert their prompt KV too (so it is shared)
+    -> `append_token` per sampled request: tokens, logprobs, stop checks, grammar; then
+       `finish_extend` / `finish_decode`: finished requests hand their KV to the prefix cache;
+       unfinished extended ones insert their prompt KV too (so it is shared)
     -> `stream_outputs`: BatchTokenOut to the detokenizer (every `stream_interval` steps for
        streaming requests, once at the end for the others).
 Runs in its own process, single-threaded; everything it owns (pools, cache, requests) is touched
@@ -38,6 +39,7 @@ from radixlm.runtime.models.loader import resolve_model
 from radixlm.runtime.sampling.sampler import sample
 from radixlm.runtime.sampling.sampling_batch import SamplingBatch
 from radixlm.runtime.sampling.sampling_params import SamplingParams
+from radixlm.runtime.scheduler.output import error_output, make_output
 from radixlm.runtime.scheduler.policy import PrefillAdder, order_waiting
 from radixlm.runtime.scheduler.req import Req
 from radixlm.runtime.scheduler.schedule_batch import (
@@ -233,12 +235,12 @@ class Scheduler:
     def abort(self, rid: str) -> None:
         for req in self.grammars.abort(rid):
             req.abort("aborted")
-            self.pending_outputs.append(self.make_output(req))
+            self.pending_outputs.append(make_output(req))
         for req in list(self.waiting):
             if rid in ("", req.rid):
                 self.waiting.remove(req)
                 req.abort("aborted")
-                self.pending_outputs.append(self.make_output(req))
+                self.pending_outputs.append(make_output(req))
         for req in [*self.running, *([self.chunked_req] if self.chunked_req else [])]:
             if rid in ("", req.rid):
                 req.abort("aborted")  # freed when the next batch result is processed
@@ -465,58 +467,13 @@ class Scheduler:
             req.stream and (len(req.output_ids) - req.sent_ids) >= self.args.stream_interval
         )
         if due or (req.stream and not req.first_sent and req.output_ids):
-            self.pending_outputs.append(self.make_output(req))
-
-    def make_output(self, req: Req) -> io.ReqOut:
-        new_ids = req.output_ids[req.sent_ids :]
-        out = io.ReqOut(
-            rid=req.rid,
-            new_ids=new_ids,
-            finished=req.finished,
-            finish_reason=req.finished_reason,
-            prompt_tokens=len(req.origin_input_ids),
-            completion_tokens=len(req.output_ids),
-            cached_tokens=req.cached_tokens,
-        )
-        if req.return_logprob:
-            out.output_logprobs = req.output_logprobs[req.sent_ids :]
-            if req.top_logprobs_num:
-                out.output_top = req.output_top[req.sent_ids :]
-            if (
-                req.input_logprobs_done
-                and req.sent_input_logprobs == 0
-                and req.logprob_start_len >= 0
-            ):
-                out.input_logprobs = req.input_logprobs
-                out.input_ids = req.origin_input_ids[req.logprob_start_len :]
-                if req.top_logprobs_num:
-                    out.input_top = req.input_top
-                req.sent_input_logprobs = len(req.input_logprobs) or 1
-        if not req.first_sent:
-            sp = req.sampling_params
-            out.stop = sp.stop
-            out.skip_special_tokens = sp.skip_special_tokens
-            out.spaces_between_special_tokens = sp.spaces_between_special_tokens
-            out.no_stop_trim = sp.no_stop_trim
-            req.first_sent = True
-        req.sent_ids = len(req.output_ids)
-        return out
+            self.pending_outputs.append(make_output(req))
 
     def emit_error(
         self, rid: str, prompt_tokens: int, message: str, status_code: int = 400
     ) -> None:
         """End a request that holds no KV with an error (400: invalid; 429: queue_timeout)."""
-        self.pending_outputs.append(
-            io.ReqOut(
-                rid=rid,
-                new_ids=[],
-                finished=True,
-                finish_reason={"type": "abort", "message": message, "status_code": status_code},
-                prompt_tokens=prompt_tokens,
-                completion_tokens=0,
-                cached_tokens=0,
-            )
-        )
+        self.pending_outputs.append(error_output(rid, prompt_tokens, message, status_code))
 
     def stream_outputs(self) -> None:
         if self.pending_outputs:
