@@ -9,7 +9,8 @@ Sections (`--sections`, comma-separated, all by default):
   offline   512 requests x 1024 random input tokens / 256 output tokens, throughput vs `hf`
   gemv      cuBLAS vs the Triton small-batch GEMV on the model's linear shapes (the engine keeps
             the faster per shape; see runtime/models/gemm_select.py)
-  kernels   `radixlm bench kernels --sections decode,extend` (attention vs roofline and SDPA)
+  kernels   `radixlm bench kernels --sections check,decode,extend` (full-shape checks, attention
+            vs roofline and SDPA)
 """
 
 from __future__ import annotations
@@ -284,7 +285,9 @@ def section_hf(args: argparse.Namespace) -> None:
 
 
 def section_gemv(args: argparse.Namespace) -> None:
-    """cuBLAS vs the Triton small-batch GEMV on the model's linear shapes (what the engine picks)."""
+    """cuBLAS vs the Triton small-batch GEMV on the model's linear shapes (what the engine picks),
+    timed as the engine times them: CUDA graphs over enough copies of each weight to be cold in L2.
+    """
     import torch
 
     from radixlm.runtime.models.config import ModelConfig
@@ -293,38 +296,44 @@ def section_gemv(args: argparse.Namespace) -> None:
     from radixlm.runtime.models.presets import PRESETS
 
     cfg = ModelConfig.from_hf_dict(PRESETS[args.model])
-    h = cfg.hidden_size
+    h, inter = cfg.hidden_size, cfg.intermediate_size
     shapes = [
-        (h, cfg.q_size + 2 * cfg.kv_size),
-        (cfg.q_size, h),
-        (h, 2 * cfg.intermediate_size),
-        (cfg.intermediate_size, h),
-        (h, cfg.vocab_size),
+        (h, cfg.q_size + 2 * cfg.kv_size, False),
+        (cfg.q_size, h, False),
+        (h, 2 * inter, False),
+        (inter, h, True),  # down_proj with silu(gate) * up fused
+        (h, cfg.vocab_size, False),
     ]
+    layers = torch.nn.ModuleList()
     with torch.device("cuda"):
-        layers = torch.nn.ModuleList([Linear(k, n) for k, n in shapes]).to(torch.bfloat16)
+        for k, n, gated in shapes:
+            copies = max(2, -(-(512 << 20) // (n * k * 2)))  # >= 512 MiB: 10x the L2
+            layers.extend(Linear(k, n, gated_input=gated) for _ in range(copies))
+    layers.to(torch.bfloat16)
     for layer in layers:
         layer.weight.data.uniform_(-0.02, 0.02)
     summary = select_decode_gemms(layers, Linear)
+    del layers
+    torch.cuda.empty_cache()
     bw = RESULTS.setdefault("copy_bandwidth_gbs", copy_bandwidth_gbs())
     rows = {}
     for key, report in summary.items():
-        n, k = map(int, key.split("x"))
+        n, k = map(int, key.removesuffix("_silu").split("x"))
         for r in report:
-            nbytes = n * k * 2
-            rows[f"{key}_m{r['m']}"] = {
+            gbs = {name: n * k * 2 / (r[name] * 1e-6) / 1e9 for name in ("cublas_us", "best_us")}
+            row = rows[f"{key}_m{r['m']}"] = {
                 **r,
-                "cublas_bw_frac": round(nbytes / (r["cublas_us"] * 1e-6) / 1e9 / bw, 3),
-                "best_bw_frac": round(nbytes / (r["best_us"] * 1e-6) / 1e9 / bw, 3),
+                "cublas_bw_frac": round(gbs["cublas_us"] / bw, 3),
+                "best_bw_frac": round(gbs["best_us"] / bw, 3),
             }
-    _log(f"gemv: {rows}")
+            _log(f"gemv {key}_m{r['m']}: {row}")
     RESULTS["gemv"] = rows
 
 
 def section_kernels(args: argparse.Namespace) -> None:
     from radixlm.kernels import bench_kernels
 
-    bench_kernels.main(["--sections", "decode,extend"])
+    bench_kernels.main(["--sections", "check,decode,extend"])
 
 
 SECTIONS = {

@@ -11,6 +11,7 @@ and `jit` from here. Without Triton, `jit` turns a kernel into a stub that raise
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -75,6 +76,67 @@ def launch_with_fallback(
             raise
         _FELL_BACK.add(key)
         launch(fallback)
+
+
+@functools.cache
+def _pdl_supported(device_index: int) -> bool:
+    import torch
+
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:
+        return False
+    if "launch_pdl" not in getattr(CUDAOptions, "__dataclass_fields__", {}):
+        return False
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def pdl_enabled(device: Any) -> bool:
+    """Launch kernels with programmatic dependent launch (PDL) on this device?
+
+    True on CUDA devices of compute capability >= 9 (Hopper) when Triton knows `launch_pdl`,
+    unless RADIXLM_DISABLE_PDL=1. A kernel launched so may start before the previous kernel in
+    the stream has finished: it must call `gdc_wait()` before it reads anything that kernel wrote.
+    """
+    if not HAS_TRITON or getattr(device, "type", None) != "cuda" or interpreting():
+        return False
+    if os.environ.get("RADIXLM_DISABLE_PDL", "0") not in ("", "0"):
+        return False
+    return _pdl_supported(device.index if device.index is not None else 0)
+
+
+@jit
+def gdc_wait():
+    """Block until the previous grid in the stream has finished and its writes are visible (PTX
+    `griddepcontrol.wait`; a no-op for a kernel not launched with PDL)."""
+    tl.inline_asm_elementwise(
+        "griddepcontrol.wait; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1
+    )
+
+
+@jit
+def gdc_launch_dependents():
+    """Let the next PDL-launched kernel in the stream start now (PTX
+    `griddepcontrol.launch_dependents`); it still waits for this grid in its own `gdc_wait`."""
+    tl.inline_asm_elementwise(
+        "griddepcontrol.launch_dependents; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1
+    )
+
+
+@jit
+def pdl_prologue(USE_PDL: tl.constexpr):
+    """First statement of a kernel launched with `pdl_launch_args`: wait for the previous grid,
+    then let the next one start."""
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+def pdl_launch_args(device: Any) -> dict[str, bool]:
+    """Launch kwargs for a kernel with a `USE_PDL: tl.constexpr` parameter (see `pdl_enabled`)."""
+    if pdl_enabled(device):
+        return {"USE_PDL": True, "launch_pdl": True}
+    return {"USE_PDL": False}
 
 
 def next_power_of_2(n: int) -> int:

@@ -36,6 +36,8 @@ from radixlm.kernels._triton import (
     jit,
     mma,
     next_power_of_2,
+    pdl_launch_args,
+    pdl_prologue,
     require_triton,
     tl,
 )
@@ -88,6 +90,8 @@ def _decode_stage1_kernel(
     SeqLens,
     MidO,
     MidLse,
+    Arrivals,
+    Out,
     qk_scale,
     num_splits,
     stride_qb,
@@ -102,6 +106,8 @@ def _decode_stage1_kernel(
     stride_mos,
     stride_mlb,
     stride_mlh,
+    stride_ob,
+    stride_oh,
     GROUP: tl.constexpr,
     HEAD_BLOCKS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -110,11 +116,15 @@ def _decode_stage1_kernel(
     BLOCK_N: tl.constexpr,
     PREC: tl.constexpr,
     UPCAST: tl.constexpr,
+    FUSED_MERGE: tl.constexpr,
+    FENCE: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_h = tl.program_id(1) // HEAD_BLOCKS
     hb = tl.program_id(1) % HEAD_BLOCKS
     split = tl.program_id(2)
+    pdl_prologue(USE_PDL)
     seq_len = tl.load(SeqLens + b).to(tl.int32)
     split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     n_start = split * split_len
@@ -168,6 +178,74 @@ def _decode_stage1_kernel(
         tl.store(mo_ptrs, acc / l_i[:, None], mask=mask_h[:, None] & mask_d[None, :])
         lse = (m_i + tl.log2(l_i)) * 0.6931471805599453  # log2 -> natural-log units (x ln 2)
         tl.store(MidLse + b * stride_mlb + heads * stride_mlh + split, lse, mask=mask_h)
+    if FUSED_MERGE:
+        # The last of the num_splits programs of this (request, head block) to arrive merges.
+        if FENCE:
+            _fence_gpu()  # this thread's partials are visible device-wide before it counts
+        tl.debug_barrier()
+        counter = Arrivals + b * tl.num_programs(1) + tl.program_id(1)
+        arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+        if arrived == num_splits - 1:
+            tl.store(counter, 0)  # NOTE: leaves the counters zeroed for the next launch
+            tl.debug_barrier()
+            offs_g = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+            heads = kv_h * GROUP + offs_g
+            _merge_splits(
+                MidO + b * stride_mob + heads[:, None] * stride_moh,
+                MidLse + b * stride_mlb + heads * stride_mlh,
+                Out + b * stride_ob + heads[:, None] * stride_oh,
+                offs_g < GROUP,
+                seq_len,
+                num_splits,
+                stride_mos,
+                HEAD_DIM,
+                BLOCK_D,
+                BLOCK_N,
+            )
+
+
+@jit
+def _fence_gpu():
+    tl.inline_asm_elementwise(
+        "fence.acq_rel.gpu; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1
+    )
+
+
+@jit
+def _merge_splits(
+    MoRows,
+    LseRow,
+    OutRows,
+    mask_h,
+    seq_len,
+    num_splits,
+    stride_mos,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Merge the per-split (output, lse) of a block of heads into their final output (the
+    fused stage 2). MoRows/OutRows: [BLOCK_H, 1] row pointers; LseRow: [BLOCK_H] pointers."""
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    n_valid = tl.minimum(tl.cdiv(seq_len, tl.maximum(split_len, 1)), num_splits)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = mask_h[:, None] & (offs_d < HEAD_DIM)[None, :]
+    m = tl.full(mask_h.shape, float("-inf"), dtype=tl.float32)
+    denom = tl.zeros(mask_h.shape, dtype=tl.float32)
+    acc = tl.zeros(mask.shape, dtype=tl.float32)
+    for s in range(0, n_valid):
+        # NOTE: .cg reads from L2: the partials were written by other SMs in this launch.
+        lse = tl.load(LseRow + s, mask=mask_h, other=0.0, cache_modifier=".cg")
+        mo = tl.load(MoRows + s * stride_mos + offs_d[None, :], mask=mask, other=0.0,
+                     cache_modifier=".cg")  # fmt: skip
+        m_new = tl.maximum(m, lse)
+        rescale = tl.exp(m - m_new)  # split 0 comes first: exp(-inf) = 0, never inf - inf
+        w = tl.exp(lse - m_new)
+        acc = acc * rescale[:, None] + w[:, None] * mo
+        denom = denom * rescale + w
+        m = m_new
+    o = acc / tl.maximum(denom, 1e-30)[:, None]  # padding lane (no split): 0
+    tl.store(OutRows + offs_d[None, :], o.to(OutRows.dtype.element_ty), mask=mask)
 
 
 @jit
@@ -188,9 +266,11 @@ def _decode_stage2_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
+    pdl_prologue(USE_PDL)
     seq_len = tl.load(SeqLens + b).to(tl.int32)
     split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     # Same split rule as stage 1: splits 0..n_valid-1 hold data (none for a padding lane).
@@ -249,8 +329,13 @@ def decode_attention_fwd(
     mid_lse: torch.Tensor,
     sm_scale: float | None = None,
     config: tuple[int, int, int, int] | None = None,
+    arrivals: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """CUDA-graph-safe decode attention into preallocated `out`, `mid_o`, `mid_lse`.
+
+    With `arrivals` (int32, zeroed, >= batch * num_heads elements, left zeroed after) the
+    splits are merged inside stage 1 by the last program of each head block to finish (one
+    kernel); without it a second kernel merges them.
 
     max_kv_splits = mid_o.shape[2] (<= MAX_KV_SPLITS); no host sync, no allocation, grids depend
     only on shapes. Rows b >= q.shape[0] of the workspace are ignored, so a workspace allocated
@@ -282,8 +367,14 @@ def decode_attention_fwd(
     block_d = max(16, next_power_of_2(head_dim))
     scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
     mid_strides = (*mid_o.stride()[:3], *mid_lse.stride()[:2])
+    fused = arrivals is not None
+    if fused:
+        assert arrivals.dtype == torch.int32
+        assert arrivals.numel() >= batch * num_kv_heads * head_blocks
     _decode_stage1_kernel[(batch, num_kv_heads * head_blocks, num_splits)](
         *(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse),
+        arrivals if fused else seq_lens,
+        out,
         scale * _LOG2E,
         num_splits,
         *q.stride()[:2],
@@ -291,6 +382,7 @@ def decode_attention_fwd(
         *v_buffer.stride()[:2],
         req_to_token.stride(0),
         *mid_strides,
+        *out.stride()[:2],
         GROUP=group,
         HEAD_BLOCKS=head_blocks,
         HEAD_DIM=head_dim,
@@ -298,9 +390,14 @@ def decode_attention_fwd(
         BLOCK_H=block_h,
         BLOCK_N=block_n,
         **dot_flags(q.dtype),
+        FUSED_MERGE=fused,
+        FENCE=not interpreting(),
         num_warps=num_warps,
         num_stages=num_stages,
+        **pdl_launch_args(q.device),
     )
+    if fused:
+        return out
     _decode_stage2_kernel[(batch, num_heads)](
         *(mid_o, mid_lse, seq_lens, out),
         num_splits,
@@ -311,6 +408,7 @@ def decode_attention_fwd(
         BLOCK_S=min(32, max(2, next_power_of_2(num_splits))),
         BLOCK_N=block_n,
         num_warps=4,
+        **pdl_launch_args(q.device),
     )
     return out
 
@@ -326,6 +424,7 @@ def decode_attention(
     num_kv_splits: int | None = None,
     max_seq_len: int | None = None,
     out: torch.Tensor | None = None,
+    fused_merge: bool = True,
 ) -> torch.Tensor:
     """Eager convenience wrapper: allocates the workspace and picks `num_kv_splits`.
 
@@ -340,5 +439,8 @@ def decode_attention(
     if out is None:
         out = torch.empty_like(q)
     mid_o, mid_lse = alloc_decode_workspace(batch, num_heads, head_dim, num_kv_splits, q.device)
+    arrivals = torch.zeros(batch * num_heads, dtype=torch.int32, device=q.device)
     pool = (k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens)
-    return decode_attention_fwd(q, *pool, out, mid_o, mid_lse, sm_scale)
+    return decode_attention_fwd(
+        q, *pool, out, mid_o, mid_lse, sm_scale, arrivals=arrivals if fused_merge else None
+    )

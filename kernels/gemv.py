@@ -2,27 +2,66 @@
 
 At decode batch sizes (M <= 8) a linear layer reads every weight once and does almost no math,
 so its speed is the share of HBM bandwidth it reaches. Each program owns BLOCK_N output features
-and streams their weight rows along K in contiguous BLOCK_K tiles (16-byte vector loads), keeping
-the M activations in registers; accumulation is fp32. `SPLIT_K` > 1 splits K across programs
-that add into an fp32 output (for layers with few output features, e.g. Llama's o_proj).
+and streams their weight rows along K in contiguous [BLOCK_N, BLOCK_K] tiles, the next tile's load
+issued before the current one is reduced (two tiles in flight per program); the M activations
+are re-read per tile from L1/L2 and accumulation is fp32.
+
+`silu_mul=True` fuses Llama's MLP activation into the down projection: x is then the gate_up
+output [M, 2K] and the GEMV multiplies `silu(gate) * up` (rounded to x's dtype after each op, as
+the unfused torch path does) by W on the fly, saving a kernel and a round trip of [M, 2K].
+
+Programmatic dependent launch (Hopper+, `kernels._triton.pdl_enabled`): the kernel is launched
+with the PDL attribute so it can start while the previous kernel drains. It loads its first weight
+tile (weights are never written by the previous kernel) and only then waits for the previous grid
+(`gdc_wait`) before reading x.
 
 Layouts:
-    x: [M, K] (M <= 16), w: [N, K] row-major (the nn.Linear layout), same dtype (bf16/fp16/fp32)
+    x: [M, K] (or [M, 2K] with silu_mul), M <= 16, last dim contiguous
+    w: [N, K] row-major (the nn.Linear layout), same dtype as x (bf16/fp16/fp32)
     returns [M, N] in x's dtype.
-The runtime does not assume this beats cuBLAS: `radixlm.runtime.models.llama.Linear` times both
-once per weight shape on the GPU and keeps the faster (see `pick_decode_gemm`).
+The runtime does not assume this beats cuBLAS: `radixlm.runtime.models.gemm_select` times both
+once per weight shape on the GPU (inside CUDA graphs, weights cold in L2) and keeps the faster.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
+import torch.nn.functional as F
 
-from radixlm.kernels._triton import cdiv, jit, next_power_of_2, require_triton, tl
+from radixlm.kernels._triton import (
+    cdiv,
+    gdc_launch_dependents,
+    gdc_wait,
+    jit,
+    next_power_of_2,
+    pdl_enabled,
+    require_triton,
+    tl,
+)
 
 
-def gemv_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def gemv_ref(x: torch.Tensor, w: torch.Tensor, silu_mul: bool = False) -> torch.Tensor:
     """Reference: fp32 accumulation, result in x's dtype."""
+    if silu_mul:
+        gate, up = x.chunk(2, dim=-1)
+        x = F.silu(gate) * up
     return (x.float() @ w.float().t()).to(x.dtype)
+
+
+@jit
+def _load_x(X, offs_m, offs_k, mask_m, K, stride_xm, EVEN_K: tl.constexpr, SILU_MUL: tl.constexpr):
+    """[BLOCK_M, BLOCK_K] activations as fp32 (silu(gate) * up when SILU_MUL)."""
+    ptrs = X + offs_m[:, None] * stride_xm + offs_k[None, :]
+    mask = mask_m[:, None] if EVEN_K else mask_m[:, None] & (offs_k < K)[None, :]
+    x = tl.load(ptrs, mask=mask, other=0.0)
+    if SILU_MUL:
+        up = tl.load(ptrs + K, mask=mask, other=0.0)
+        g = x.to(tl.float32)
+        act = (g / (1.0 + tl.exp(-g))).to(x.dtype)
+        x = (act.to(tl.float32) * up.to(tl.float32)).to(x.dtype)
+    return x.to(tl.float32)
 
 
 @jit
@@ -36,77 +75,151 @@ def _gemv_kernel(
     stride_xm,
     stride_wn,
     stride_om,
-    K_PER_SPLIT,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    ATOMIC: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    SILU_MUL: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = tl.arange(0, BLOCK_M)
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
+    # NOTE: rows past N re-read row N - 1 (in bounds) instead of masking every weight load.
+    rows = tl.minimum(offs_n, N - 1).to(tl.int64)
+    offs_m = tl.arange(0, BLOCK_M)
     mask_m = offs_m < M
-    k_start = pid_k * K_PER_SPLIT
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_start, k_start + K_PER_SPLIT, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        mask_k = offs_k < K
-        w = tl.load(
-            W + offs_n[:, None] * stride_wn + offs_k[None, :],
-            mask=mask_n[:, None] & mask_k[None, :],
-            other=0.0,
-        ).to(tl.float32)  # [BLOCK_N, BLOCK_K]
-        x = tl.load(
-            X + offs_m[:, None] * stride_xm + offs_k[None, :],
-            mask=mask_m[:, None] & mask_k[None, :],
-            other=0.0,
-        ).to(tl.float32)  # [BLOCK_M, BLOCK_K]
-        # [BLOCK_M, 1, BLOCK_K] * [1, BLOCK_N, BLOCK_K] summed over K
-        acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
-    out_ptrs = Out + offs_m[:, None] * stride_om + offs_n[None, :]
-    out_mask = mask_m[:, None] & mask_n[None, :]
-    if ATOMIC:
-        tl.atomic_add(out_ptrs, acc, mask=out_mask)
+    offs_k = tl.arange(0, BLOCK_K)
+    w_ptrs = W + rows[:, None] * stride_wn + offs_k[None, :]
+    if EVEN_K:
+        w = tl.load(w_ptrs)
     else:
-        tl.store(out_ptrs, acc.to(Out.dtype.element_ty), mask=out_mask)
+        w = tl.load(w_ptrs, mask=(offs_k < K)[None, :], other=0.0)
+    if USE_PDL:
+        gdc_wait()  # x is written by the previous kernel; the first weight tile is already in flight
+        gdc_launch_dependents()
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        x = _load_x(X, offs_m, k0 + offs_k, mask_m, K, stride_xm, EVEN_K, SILU_MUL)
+        next_k = k0 + BLOCK_K + offs_k
+        w_next = tl.load(w_ptrs + k0 + BLOCK_K, mask=(next_k < K)[None, :], other=0.0)
+        acc += tl.sum(x[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+        w = w_next
+    out_ptrs = Out + offs_m[:, None] * stride_om + offs_n[None, :]
+    tl.store(out_ptrs, acc.to(Out.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@jit
+def _gemv_persistent_kernel(
+    X,
+    W,
+    Out,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    NUM_ROW_BLOCKS,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    K_TILES: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    SILU_MUL: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    """A fixed grid of a few programs per SM, each streaming a contiguous run of row blocks as
+    one sequence of [BLOCK_N, BLOCK_K] tiles; the next tile (possibly of the next row block) is
+    always in flight, so a program never drains between row blocks and no tail wave is left."""
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    t = (pid * NUM_ROW_BLOCKS // programs) * K_TILES
+    t_end = ((pid + 1) * NUM_ROW_BLOCKS // programs) * K_TILES
+    offs_m = tl.arange(0, BLOCK_M)
+    mask_m = offs_m < M
+    offs_b = tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    rows = tl.minimum((t // K_TILES) * BLOCK_N + offs_b, N - 1).to(tl.int64)
+    # NOTE: the grid never exceeds the row blocks, so every program owns at least one tile.
+    w = tl.load(W + rows[:, None] * stride_wn + offs_k[None, :], mask=(offs_k < K)[None, :])
+    if USE_PDL:
+        gdc_wait()  # x is written by the previous kernel; the first weight tile is in flight
+        gdc_launch_dependents()
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    while t < t_end:
+        k0 = (t % K_TILES) * BLOCK_K
+        x = _load_x(X, offs_m, k0 + offs_k, mask_m, K, stride_xm, EVEN_K, SILU_MUL)
+        nt = t + 1
+        n_rows = tl.minimum((nt // K_TILES) * BLOCK_N + offs_b, N - 1).to(tl.int64)
+        n_k = (nt % K_TILES) * BLOCK_K + offs_k
+        w_next = tl.load(
+            W + n_rows[:, None] * stride_wn + n_k[None, :],
+            mask=(n_k < K)[None, :] & (nt + 0 * offs_b < t_end)[:, None],
+            other=0.0,
+        )
+        acc += tl.sum(x[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+        w = w_next
+        if t % K_TILES == K_TILES - 1:
+            offs_n = (t // K_TILES) * BLOCK_N + offs_b
+            out_ptrs = Out + offs_m[:, None] * stride_om + offs_n[None, :]
+            out_mask = mask_m[:, None] & (offs_n < N)[None, :]
+            tl.store(out_ptrs, acc.to(Out.dtype.element_ty), mask=out_mask)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        t = nt
+
+
+@functools.cache
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def gemv(
     x: torch.Tensor,
     w: torch.Tensor,
-    block_n: int = 16,
-    block_k: int = 256,
-    split_k: int = 1,
+    block_n: int = 8,
+    block_k: int = 512,
     num_warps: int = 4,
+    silu_mul: bool = False,
+    per_sm: int = 0,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
-    """`x @ w.T` for small M. With `split_k` > 1 the partial sums are added atomically into an
-    fp32 buffer and cast at the end (one extra elementwise kernel)."""
+    """`x @ w.T` for small M (`silu(gate) * up` of x's halves first when `silu_mul`).
+
+    `per_sm` > 0 launches the persistent kernel with that many programs per SM (CUDA only; on
+    other devices it means 4 programs in all)."""
     require_triton()
-    m, k = x.shape
-    n = w.shape[0]
-    assert w.shape[1] == k and x.dtype == w.dtype and m <= 16
-    assert x.stride(1) == 1 and w.stride(1) == 1
-    block_m = max(1, next_power_of_2(m))
-    k_per_split = cdiv(cdiv(k, split_k), block_k) * block_k
-    splits = cdiv(k, k_per_split)
-    atomic = splits > 1
-    out = (
-        torch.zeros((m, n), dtype=torch.float32, device=x.device) if atomic else x.new_empty((m, n))
-    )
-    _gemv_kernel[(cdiv(n, block_n), splits)](
-        x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0), k_per_split,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, ATOMIC=atomic, num_warps=num_warps,
+    m = x.shape[0]
+    n, k = w.shape
+    assert x.shape[1] == (2 * k if silu_mul else k), (x.shape, w.shape, silu_mul)
+    assert x.dtype == w.dtype and m <= 16 and x.stride(1) == 1 and w.stride(1) == 1
+    out = x.new_empty((m, n))
+    pdl = pdl_enabled(x.device)
+    block_k = min(block_k, next_power_of_2(k))
+    common = dict(
+        BLOCK_M=max(1, next_power_of_2(m)), BLOCK_N=block_n, BLOCK_K=block_k,
+        EVEN_K=k % block_k == 0, SILU_MUL=silu_mul, USE_PDL=pdl,
+        num_warps=num_warps, **({"launch_pdl": True} if pdl else {}),
+        **({} if num_stages is None else {"num_stages": num_stages}),
     )  # fmt: skip
-    return out.to(x.dtype) if atomic else out
+    args = (x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0))
+    row_blocks = cdiv(n, block_n)
+    if per_sm > 0:
+        sms = _num_sms(x.device.index or 0) if x.device.type == "cuda" else 1
+        grid = (min(row_blocks, sms * per_sm),)
+        _gemv_persistent_kernel[grid](*args, row_blocks, K_TILES=cdiv(k, block_k), **common)
+    else:
+        _gemv_kernel[(row_blocks,)](*args, **common)
+    return out
 
 
-# Candidate launch configurations tried by the runtime's per-shape selection (GPU only).
+# Candidate launch configurations tried by the runtime's per-shape selection (GPU only): the best
+# few of a 75-config sweep on the H200 over Llama-3-8B's shapes at M = 1 (docs/benchmarks.md).
 GEMV_CONFIGS = (
-    {"block_n": 16, "block_k": 256, "split_k": 1, "num_warps": 4},
-    {"block_n": 8, "block_k": 512, "split_k": 1, "num_warps": 4},
-    {"block_n": 32, "block_k": 128, "split_k": 1, "num_warps": 4},
-    {"block_n": 16, "block_k": 256, "split_k": 4, "num_warps": 4},
-    {"block_n": 8, "block_k": 512, "split_k": 2, "num_warps": 8},
+    {"block_n": 2, "block_k": 2048, "num_warps": 4, "per_sm": 8},
+    {"block_n": 2, "block_k": 2048, "num_warps": 4, "per_sm": 16},
+    {"block_n": 4, "block_k": 1024, "num_warps": 4, "per_sm": 16},
+    {"block_n": 2, "block_k": 1024, "num_warps": 2},
+    {"block_n": 4, "block_k": 1024, "num_warps": 4},
+    {"block_n": 8, "block_k": 1024, "num_warps": 4},
 )

@@ -13,7 +13,14 @@ from __future__ import annotations
 
 import torch
 
-from radixlm.kernels._triton import jit, next_power_of_2, require_triton, tl
+from radixlm.kernels._triton import (
+    jit,
+    next_power_of_2,
+    pdl_launch_args,
+    pdl_prologue,
+    require_triton,
+    tl,
+)
 
 
 def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -46,8 +53,10 @@ def _rmsnorm_kernel(
     stride_ro,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
+    pdl_prologue(USE_PDL)
     offs = tl.arange(0, BLOCK)
     mask = offs < hidden
     x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0)
@@ -91,6 +100,7 @@ def _launch(x, res, weight, out, res_out, eps: float) -> None:
         HAS_RESIDUAL=has_res,
         BLOCK=block,
         num_warps=num_warps,
+        **pdl_launch_args(x.device),
     )
 
 

@@ -20,7 +20,14 @@ from __future__ import annotations
 
 import torch
 
-from radixlm.kernels._triton import jit, next_power_of_2, require_triton, tl
+from radixlm.kernels._triton import (
+    jit,
+    next_power_of_2,
+    pdl_launch_args,
+    pdl_prologue,
+    require_triton,
+    tl,
+)
 
 
 def build_cos_sin_cache(inv_freq: torch.Tensor, max_position: int) -> torch.Tensor:
@@ -89,9 +96,11 @@ def _rope_kernel(
     BLOCK_HALF: tl.constexpr,
     BLOCK_HQ: tl.constexpr,
     BLOCK_HK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     # One program rotates every q and k head of one token.
     t = tl.program_id(0).to(tl.int64)
+    pdl_prologue(USE_PDL)
     pos = tl.load(Pos + t).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_HALF)
     mask_d = offs_d < HALF
@@ -130,4 +139,5 @@ def rotary_embedding(
         BLOCK_HQ=next_power_of_2(num_q_heads),
         BLOCK_HK=next_power_of_2(k.shape[1]),
         num_warps=4,
+        **pdl_launch_args(q.device),
     )

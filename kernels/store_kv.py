@@ -15,7 +15,15 @@ from __future__ import annotations
 
 import torch
 
-from radixlm.kernels._triton import cdiv, jit, next_power_of_2, require_triton, tl
+from radixlm.kernels._triton import (
+    cdiv,
+    jit,
+    next_power_of_2,
+    pdl_launch_args,
+    pdl_prologue,
+    require_triton,
+    tl,
+)
 
 
 def store_kv_ref(
@@ -49,10 +57,12 @@ def _store_kv_kernel(
     ROW: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     # One program copies BLOCK elements of the flattened (kv_head, dim) row of one token.
     t = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    pdl_prologue(USE_PDL)
     mask = offs < ROW
     h = offs // HEAD_DIM
     d = offs % HEAD_DIM
@@ -101,4 +111,5 @@ def store_kv(
         HEAD_DIM=head_dim,
         BLOCK=block,
         num_warps=4 if block >= 512 else 1,
+        **pdl_launch_args(k.device),
     )

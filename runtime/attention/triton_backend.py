@@ -2,8 +2,9 @@
 
   EXTEND: `store_kv` writes the new K/V into the pool, then `extend_attention` reads the cached
           prefix from the pool and the new tokens from the contiguous k/v (causal among them).
-  DECODE: `store_kv`, then `decode_attention_fwd` (stage 1: per KV split, one program reads each
-          KV head once for its whole GQA group; stage 2: merges the splits).
+  DECODE: `store_kv`, then `decode_attention_fwd`: per KV split, one program reads each KV head
+          once for its whole GQA group; the last split program of each head block to finish
+          merges the splits (one kernel; `arrivals` counts them and is left zeroed).
 The decode workspace `(mid_o, mid_lse)` is carved from one fp32 buffer: sized per batch in eager
 mode, and once for the largest captured batch under CUDA graphs (each graph batch size keeps the
 split count it was captured with; the kernels derive each request's effective splits from its
@@ -48,6 +49,11 @@ class TritonAttnBackend(AttentionBackend):
         self.max_context = req_to_token.max_context
         self._eager_buffer = torch.empty(0, dtype=torch.float32, device=kv_pool.device)
         self._graph_buffer: torch.Tensor | None = None
+        # NOTE: one set of counters serves eager and graph launches: both run on one stream and
+        # every launch leaves them zero. A decode batch (padded or not) never exceeds the pool.
+        self._arrivals = torch.zeros(
+            req_to_token.size * num_heads, dtype=torch.int32, device=kv_pool.device
+        )
 
     def _splits(self, bs: int, max_len: int) -> int:
         return choose_num_kv_splits(bs, max_len, self.num_kv_heads)
@@ -113,6 +119,7 @@ class TritonAttnBackend(AttentionBackend):
             meta.mid_o,
             meta.mid_lse,
             self.scale,
+            arrivals=self._arrivals,
         )
 
     # ---- CUDA graphs ---------------------------------------------------------------------------

@@ -23,13 +23,18 @@ from radixlm.runtime.models.rotary import RotaryEmbedding
 class Linear(nn.Module):
     """`y = x W^T (+ b)` with uninitialised parameters (weights always come from a loader).
 
+    `gated_input`: x is `[.., 2 * in_features]` (a gate_up output) and the layer multiplies
+    `silu(gate) * up` (Llama's MLP activation, fused into the GEMV when one is selected).
     `small_m_impl` (set on GPU by `gemm_select.select_decode_gemms`) holds, per decode batch-size
-    bucket, a faster kernel for this weight shape, or None to keep cuBLAS."""
+    bucket, a faster kernel for this layer taking the same x, or None to keep cuBLAS."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = False, gated_input: bool = False
+    ) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
+        self.gated_input = gated_input
         self.small_m_impl: list | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -39,6 +44,13 @@ class Linear(nn.Module):
             if impl is not None:
                 y = impl(x)
                 return y if self.bias is None else y + self.bias
+        return self.forward_default(x)
+
+    def forward_default(self, x: torch.Tensor) -> torch.Tensor:
+        """The torch (cuBLAS) path, whatever `small_m_impl` holds."""
+        if self.gated_input:
+            gate, up = x.chunk(2, dim=-1)
+            x = F.silu(gate) * up
         return F.linear(x, self.weight, self.bias)
 
 
@@ -116,13 +128,12 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.intermediate = config.intermediate_size
-        self.gate_up_proj = Linear(config.hidden_size, 2 * self.intermediate, bias=False)
-        self.down_proj = Linear(self.intermediate, config.hidden_size, bias=False)
+        inter = config.intermediate_size
+        self.gate_up_proj = Linear(config.hidden_size, 2 * inter, bias=False)
+        self.down_proj = Linear(inter, config.hidden_size, bias=False, gated_input=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.gate_up_proj(x))
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -60,8 +60,10 @@ def test_decode_matches_reference(
 
 
 @needs_triton
-def test_decode_fwd_preallocated_workspace(device: str) -> None:
-    """The graph-safe entry: workspace for a larger batch, poisoned; a padding lane (seq_len 0)."""
+@pytest.mark.parametrize("fused_merge", [True, False])
+def test_decode_fwd_preallocated_workspace(device: str, fused_merge: bool) -> None:
+    """The graph-safe entry: workspace for a larger batch, poisoned; a padding lane (seq_len 0);
+    splits merged in stage 1 (arrival counters, left zeroed) or by the stage-2 kernel."""
     lens = [9, 1, 70]
     batch = _decode_batch(lens, 8, 2, 64, torch.float32, device, seed=7)
     batch.seq_lens[1] = 0  # padding lane of a padded CUDA-graph batch: output must be zeros
@@ -70,8 +72,11 @@ def test_decode_fwd_preallocated_workspace(device: str) -> None:
     mid_o.fill_(float("nan"))
     mid_lse.fill_(float("nan"))
     out = torch.full_like(batch.q, float("nan"))
-    decode_attention_fwd(*args, out, mid_o, mid_lse, sm_scale=0.2)
+    arrivals = torch.zeros(6 * 8, dtype=torch.int32, device=device) if fused_merge else None
+    for _ in range(2):  # the counters must be back at zero for the second launch
+        decode_attention_fwd(*args, out, mid_o, mid_lse, sm_scale=0.2, arrivals=arrivals)
     expected = decode_attention_ref(*args, sm_scale=0.2)
+    assert arrivals is None or not arrivals.any()
     assert torch.all(out[1] == 0)
     assert_close(out, expected, torch.float32, "decode attention (preallocated)")
 
@@ -123,12 +128,15 @@ def test_decode_llama8b_long_context_cuda_graph() -> None:
     splits = choose_num_kv_splits(len(lens), max(lens), 8)
     mid_o, mid_lse = alloc_decode_workspace(len(lens), 32, 128, splits, "cuda")
     out = torch.full_like(batch.q, float("nan"))
-    decode_attention_fwd(*args, out, mid_o, mid_lse)  # warm-up / compile outside the graph
+    arrivals = torch.zeros(len(lens) * 32, dtype=torch.int32, device="cuda")
+    decode_attention_fwd(*args, out, mid_o, mid_lse, arrivals=arrivals)  # compile outside
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        decode_attention_fwd(*args, out, mid_o, mid_lse)
+        decode_attention_fwd(*args, out, mid_o, mid_lse, arrivals=arrivals)
     batch.seq_lens[0] = 20000  # data changes between replays, shapes do not
     out.fill_(float("nan"))
     graph.replay()
+    graph.replay()
     torch.cuda.synchronize()
     assert_close(out, decode_attention_ref(*args), torch.bfloat16, "decode attention (graph)")
+    assert not arrivals.any()
