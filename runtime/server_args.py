@@ -41,6 +41,7 @@ class ServerArgs:
     schedule_policy: str = "lpm"
     schedule_conservativeness: float = 1.0
     disable_radix_cache: bool = False
+    disable_overlap_schedule: bool = False  # see runtime/scheduler/overlap.py
     stream_interval: int = 1
     # ---- kernels ----
     attention_backend: str | None = None  # None: triton on GPU, torch on CPU

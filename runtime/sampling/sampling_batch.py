@@ -75,7 +75,7 @@ class SamplingBatch:
         sps = [r.sampling_params for r in reqs]
         bs = len(reqs)
         greedy_list = [sp.is_greedy for sp in sps]
-        if all(greedy_list) and not any(_needs_processor(r) for r in reqs):
+        if all(greedy_list) and not any(needs_processor(r) for r in reqs):
             return cls.greedy_only(len(reqs))
 
         def col(values: list[float], dtype=torch.float32) -> torch.Tensor:
@@ -139,7 +139,7 @@ class SamplingBatch:
         )
 
 
-def _needs_processor(req: SamplingReq) -> bool:
+def needs_processor(req: SamplingReq) -> bool:
     """Whether a greedy row still needs a logit processor (penalties, bias, min-tokens ban)."""
     sp = req.sampling_params
     return bool(

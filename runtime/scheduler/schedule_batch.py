@@ -44,6 +44,16 @@ class ScheduleBatch:
         return [r for r, row in zip(self.reqs, self.sample_rows) if row >= 0]
 
 
+def to_device(values: list, device: torch.device) -> torch.Tensor:
+    """int64 tensor of `values` on `device` without waiting for the stream.
+
+    # NOTE: a copy from pageable host memory first synchronises the stream, which would stall an
+    # overlapped launch until the in-flight step ends; from pinned memory it is asynchronous.
+    """
+    host = torch.tensor(values, dtype=torch.int64, pin_memory=device.type == "cuda")
+    return host.to(device, non_blocking=True)
+
+
 def alloc_slots(n: int, allocator: SlotAllocator, cache: PrefixCache) -> torch.Tensor:
     slots = allocator.alloc(n)
     if slots is None:
@@ -113,17 +123,24 @@ def prepare_extend(
 
 
 def prepare_decode(
-    batch: ScheduleBatch, allocator: SlotAllocator, cache: PrefixCache, device: torch.device
+    batch: ScheduleBatch,
+    allocator: SlotAllocator,
+    cache: PrefixCache,
+    device: torch.device,
+    input_ids: torch.Tensor | None = None,
 ) -> ForwardBatch:
+    """One new token per request at position `computed`; its id is the request's last token,
+    or row i of `input_ids` (device tensor: tokens not read back yet, see overlap.py)."""
     reqs = batch.reqs
     slots = alloc_slots(len(reqs), allocator, cache)
     positions = [r.computed for r in reqs]
-    # NOTE: one host-to-device copy for the three per-request columns (decode is latency-bound).
-    cols = torch.tensor(
-        [[r.req_pool_idx for r in reqs], positions, [r.last_token for r in reqs]],
-        dtype=torch.int64,
-    ).to(device, non_blocking=True)
-    rows_t, pos_t, ids_t = cols.unbind(0)
+    cols = [[r.req_pool_idx for r in reqs], positions]
+    if input_ids is None:
+        cols.append([r.last_token for r in reqs])
+    # NOTE: one host-to-device copy for the per-request columns (decode is latency-bound).
+    cols_t = to_device(cols, device)
+    rows_t, pos_t = cols_t[0], cols_t[1]
+    ids_t = cols_t[2] if input_ids is None else input_ids
     cache.req_to_token.table[rows_t, pos_t] = slots.to(torch.int32)
     for r in reqs:
         r.extend_len = 1

@@ -6,7 +6,9 @@ Data flow of one iteration (`event_loop`):
        requests in policy order, admitted by `PrefillAdder`) if any request can be admitted,
        else a DECODE batch of all running requests (retracting some back to `waiting` when the
        KV pool cannot hold one more token for each)
-    -> `run_batch`: ForwardBatch -> ModelRunner -> logits -> sampler
+    -> `run_batch`: ForwardBatch -> ModelRunner -> logits -> sampler (a greedy decode batch
+       is launched and left in flight instead; the next iteration launches the following step
+       from its device-side tokens, then reads and processes it: scheduler/overlap.py)
     -> `append_token` per sampled request: tokens, logprobs, stop checks, grammar; then
        `finish_extend` / `finish_decode`: finished requests hand their KV to the prefix cache;
        unfinished extended ones insert their prompt KV too (so it is shared)
@@ -18,6 +20,7 @@ only from this loop.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import random
@@ -38,6 +41,7 @@ from radixlm.runtime.sampling.sampler import sample
 from radixlm.runtime.sampling.sampling_batch import SamplingBatch
 from radixlm.runtime.scheduler.intake import RequestIntake
 from radixlm.runtime.scheduler.output import error_output, make_output
+from radixlm.runtime.scheduler.overlap import OverlapDecode
 from radixlm.runtime.scheduler.policy import PrefillAdder, order_waiting
 from radixlm.runtime.scheduler.req import Req
 from radixlm.runtime.scheduler.schedule_batch import (
@@ -57,7 +61,7 @@ MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY = 0.001
 
 
-class Scheduler(RequestIntake):
+class Scheduler(RequestIntake, OverlapDecode):
     def __init__(self, args: ServerArgs, ports: PortArgs) -> None:
         self.args = args
         source = resolve_model(args.model_path, args.load_format)
@@ -85,7 +89,14 @@ class Scheduler(RequestIntake):
         self.chunked_req: Req | None = None
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO * args.schedule_conservativeness
         self.forward_ct = 0
-        self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0, "retracted": 0}
+        self.stats = {
+            "prompt_tokens": 0,
+            "cached_tokens": 0,
+            "generated_tokens": 0,
+            "retracted": 0,
+            "overlapped_steps": 0,
+        }
+        self.inflight = None  # a decode step launched and not read yet (overlap.py)
         self.ctx = zmq.Context(2)
         self.recv_sock = TypedReceiver(pull_socket(self.ctx, ports.scheduler_ipc), io.ToScheduler)
         self.detok_sock = push_socket(self.ctx, ports.detokenizer_ipc)
@@ -130,7 +141,12 @@ class Scheduler(RequestIntake):
 
     @property
     def idle(self) -> bool:
-        return not self.waiting and not self.running and self.chunked_req is None
+        return (
+            not self.waiting
+            and not self.running
+            and self.chunked_req is None
+            and self.inflight is None
+        )
 
     # ---- loop ----------------------------------------------------------------------------------
     def event_loop(self) -> None:
@@ -141,9 +157,12 @@ class Scheduler(RequestIntake):
                 self.handle(msg)
             self.poll_grammars()
             self.expire_waiting()
-            batch = self.get_next_batch()
-            if batch is not None:
-                self.run_batch(batch)
+            if self.inflight is not None:
+                self.step_inflight()
+            else:
+                batch = self.get_next_batch()
+                if batch is not None:
+                    self.run_batch(batch)
             self.stream_outputs()
 
     def handle(self, msg: Any) -> None:
@@ -152,6 +171,7 @@ class Scheduler(RequestIntake):
         elif isinstance(msg, io.AbortReq):
             self.abort(msg.rid)
         elif isinstance(msg, io.ControlReq):
+            self.drain_inflight()  # NOTE: control requests see no step in flight
             send(self.tokenizer_sock, self.control(msg))
 
     def control(self, msg: io.ControlReq) -> io.ControlResp:
@@ -271,6 +291,9 @@ class Scheduler(RequestIntake):
                 self.retract_for_decode()
                 batch = ScheduleBatch(list(self.running), ForwardMode.DECODE)
             try:
+                if self.overlap_eligible(batch.reqs):
+                    self.inflight = self.launch_decode(batch)  # read by the next iteration
+                    return
                 fb = prepare_decode(batch, self.allocator, self.cache, self.device)
             except OutOfSlotsError:  # a single request filled the pool: it cannot grow
                 for req in batch.reqs:
@@ -317,11 +340,14 @@ class Scheduler(RequestIntake):
                 self.jump_forward(sampling)
         if batch.mode == ForwardMode.DECODE:
             self.finish_decode(batch)
-            self.new_token_ratio = max(
-                MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
-            )
+            self.decay_new_token_ratio()
         else:
             self.finish_extend(batch)
+
+    def decay_new_token_ratio(self) -> None:
+        self.new_token_ratio = max(
+            MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
+        )
 
     def append_token(self, req: Req, token: int, logprobs, top, k: int) -> None:
         if req.finished:  # aborted meanwhile
@@ -401,6 +427,10 @@ def run_scheduler_process(args: ServerArgs, ports: PortArgs, pipe: Any) -> None:
         logger.exception("scheduler failed to start")
         pipe.send({"status": "error", "error": f"{type(exc).__name__}: {exc}"})
         raise SystemExit(1) from exc
+    # NOTE: the model, tokenizer and library modules are permanent: frozen, the cyclic GC no
+    # longer walks them, so a full collection inside the loop costs microseconds, not a stall.
+    gc.collect()
+    gc.freeze()
     pipe.send({"status": "ready", "info": scheduler.info(), "pid": os.getpid()})
     try:
         scheduler.event_loop()

@@ -98,6 +98,29 @@ def test_stop_token_ids_min_tokens_and_zero_tokens(engine) -> None:
     assert zero["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
 
 
+def test_overlapped_batch_finishing_at_different_steps(engine) -> None:
+    """Greedy requests of one overlapped batch that end at different steps (max_new_tokens, a stop
+    token id, the model's EOS) get exactly what each gets alone, and the overlap did run."""
+    chat = "<|im_start|>user\nSay OK.<|im_end|>\n<|im_start|>assistant\n"
+    prompts = [PROMPT, PROMPT + " the", chat, "1, 2, 3, 4,"]
+    first = engine.generate(prompts[1], GREEDY)["output_ids"]
+    params = [
+        {**GREEDY, "max_new_tokens": 3},
+        {**GREEDY, "stop_token_ids": [first[5]]},
+        {"temperature": 0, "max_new_tokens": 40},  # ends with <|im_end|>
+        {**GREEDY, "max_new_tokens": 30},
+    ]
+    alone = [engine.generate(p, sp) for p, sp in zip(prompts, params)]
+    before = engine.get_server_info()["overlapped_steps"]
+    together = engine.generate(prompts, params)
+    assert engine.get_server_info()["overlapped_steps"] > before
+    lengths = {len(o["output_ids"]) for o in together}
+    assert len(lengths) == 4, lengths  # four different finishing steps
+    for a, t in zip(alone, together):
+        assert t["output_ids"] == a["output_ids"]
+        assert t["meta_info"]["finish_reason"] == a["meta_info"]["finish_reason"]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [

@@ -11,7 +11,8 @@ MAX_NEW = 24
 
 CONFIGS = {
     "radix": {},
-    "no_radix": {"disable_radix_cache": True},
+    # Also the plain (non-overlapped) decode loop: the other configurations overlap greedy steps.
+    "no_radix": {"disable_radix_cache": True, "disable_overlap_schedule": True},
     "tiny_chunks": {"chunked_prefill_size": 16},
     "retraction": {"max_total_tokens": 256, "max_running_requests": 8},
 }
@@ -45,6 +46,9 @@ def _check_parity(name: str, engine, reference: list[list[int]]) -> None:
         assert all(o["meta_info"]["cached_tokens"] > 0 for o in outs2)
     if name == "no_radix":
         assert all(o["meta_info"]["cached_tokens"] == 0 for o in outs + outs2)
+        assert engine.get_server_info()["overlapped_steps"] == 0
+    elif name != "retraction":
+        assert engine.get_server_info()["overlapped_steps"] > 0
     if name == "retraction":
         assert engine.get_server_info()["retracted"] > 0
 

@@ -1,0 +1,116 @@
+"""Overlapped decode: step n + 1 is launched from step n's tokens on the device before the host
+reads them (SGLang's overlap schedule), so the host's per-step work (reading tokens, stop checks,
+outputs, the next batch's metadata) runs while the GPU computes.
+
+Flow (`Scheduler.event_loop`): an eligible decode batch is launched (`launch_decode`) and left in
+flight; the next iteration launches the following step for the same requests with the in-flight
+step's next-token tensor as input ids (`step_inflight`), then reads and processes the in-flight
+step (`process_decode`). A request that finishes at step n has already been launched in step
+n + 1: that step's token is dropped. Its KV (the finished token's) is valid and goes to the prefix
+cache with the rest.
+
+Eligibility (exactness): every request greedy with no logit processor (penalties, bias, pending
+min_new_tokens), no grammar, no logprobs; no request waiting for a prefill; KV room for one more
+token each. Otherwise the in-flight step is processed first and the batch runs the plain way.
+
+# NOTE: `Req.computed` counts launched steps: while a step is in flight a request has KV for
+# every token in `fill_ids` (`computed == seqlen`), so releasing it (abort, finish) hands the
+# cache exactly the slots it holds; with nothing in flight `computed == seqlen - 1` as usual.
+# Slots and req_to_token rows freed while a step is in flight may be reused at once: every later
+# use is a kernel launched after it on the same stream.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from radixlm.runtime.forward_batch import ForwardMode
+from radixlm.runtime.sampling.sampler import sample
+from radixlm.runtime.sampling.sampling_batch import SamplingBatch, needs_processor
+from radixlm.runtime.scheduler.req import Req
+from radixlm.runtime.scheduler.schedule_batch import ScheduleBatch, prepare_decode, to_device
+
+
+class InFlightDecode(NamedTuple):
+    batch: ScheduleBatch
+    next_ids: torch.Tensor  # [bs] int64 on the device: the next step's input ids
+    host_ids: torch.Tensor  # [bs] int64 on the host (pinned on CUDA), valid once `copied`
+    copied: torch.cuda.Event | None  # None: host_ids is already valid (CPU)
+
+
+class OverlapDecode:
+    """Mixed into `Scheduler` (uses its args, queues, pools, runner and stats)."""
+
+    inflight: InFlightDecode | None
+
+    def overlap_eligible(self, reqs: list[Req]) -> bool:
+        if self.args.disable_overlap_schedule or self.waiting or self.chunked_req is not None:
+            return False
+        if self.allocator.available() + self.cache.evictable_size() < len(reqs):
+            return False
+        return all(
+            r.grammar is None
+            and not r.return_logprob
+            and r.sampling_params.is_greedy
+            and not needs_processor(r)
+            for r in reqs
+        )
+
+    def launch_decode(
+        self, batch: ScheduleBatch, input_ids: torch.Tensor | None = None
+    ) -> InFlightDecode:
+        """Prepare, run and sample a greedy decode step without reading its tokens."""
+        fb = prepare_decode(batch, self.allocator, self.cache, self.device, input_ids)
+        hidden = self.runner.forward(fb)
+        self.forward_ct += 1
+        for req in batch.reqs:
+            req.computed += 1
+        logits = self.runner.compute_logits(hidden)
+        next_ids = sample(logits, SamplingBatch.greedy_only(len(batch.reqs))).next_token_ids
+        if not next_ids.is_cuda:
+            return InFlightDecode(batch, next_ids, next_ids, None)
+        # NOTE: the copy to the host is queued right behind this step: reading the tokens must
+        # not wait for the step launched after it (a plain .tolist() would).
+        host = torch.empty(next_ids.shape, dtype=next_ids.dtype, pin_memory=True)
+        host.copy_(next_ids, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        return InFlightDecode(batch, next_ids, host, copied)
+
+    def step_inflight(self) -> None:
+        """Launch the step after the in-flight one when still eligible, then process the
+        in-flight one."""
+        flight = self.inflight
+        assert flight is not None
+        self.drop_aborted_running()
+        keep = [k for k, r in enumerate(flight.batch.reqs) if not r.finished]
+        reqs = [flight.batch.reqs[k] for k in keep]
+        ahead = None
+        if reqs and self.overlap_eligible(reqs):
+            ids = flight.next_ids
+            if len(keep) != len(flight.batch.reqs):
+                ids = ids.index_select(0, to_device(keep, ids.device))
+            ahead = self.launch_decode(ScheduleBatch(reqs, ForwardMode.DECODE), ids)
+            self.stats["overlapped_steps"] += 1
+        self.process_decode(flight)
+        self.inflight = ahead
+
+    def drain_inflight(self) -> None:
+        """Process the in-flight step, launching nothing after it."""
+        if self.inflight is not None:
+            flight, self.inflight = self.inflight, None
+            self.process_decode(flight)
+
+    def process_decode(self, flight: InFlightDecode) -> None:
+        """Read the step's tokens (the one host sync) and apply them to the requests that were
+        still running; requests finished or aborted meanwhile drop theirs."""
+        if flight.copied is not None:
+            flight.copied.synchronize()
+        tokens = flight.host_ids.tolist()
+        live = [(k, r) for k, r in enumerate(flight.batch.reqs) if not r.finished]
+        for k, req in live:
+            self.append_token(req, tokens[k], None, None, k)
+        self.finish_decode(ScheduleBatch([r for _, r in live], ForwardMode.DECODE))
+        self.decay_new_token_ratio()
