@@ -264,6 +264,37 @@ def _check_misc(bench: Bench, dtypes: list[torch.dtype]) -> None:
 
     for name, fn in [("rmsnorm", rms), ("rope", rope), ("bitmask", bitmask), ("store_kv", store)]:
         bench.case("check", name, fn)
+    _check_gemv(bench, dtype)
+
+
+def _check_gemv(bench: Bench, dtype: torch.dtype) -> None:
+    """Every decode GEMV candidate against its reference at Llama-3-8B's qkv and (silu-fused) down
+    shapes, M = 1 and 5 (relative to the largest output)."""
+    from radixlm.kernels import gemv as gv
+
+    dev = bench.device
+    if bench.tiny:  # interpreter: one plain and one persistent config, small tiles
+        configs = [{**c, "block_k": 64} for c in (gv.GEMV_CONFIGS[0], gv.GEMV_CONFIGS[-1])]
+        shapes, rows = [(40, 96, False), (33, 300, True)], (3,)
+    else:
+        configs = list(gv.GEMV_CONFIGS)
+        shapes, rows = [(6144, 4096, False), (4096, 14336, True)], (1, 5)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+
+    def check(n: int, k: int, silu: bool) -> Row:
+        w = (0.02 * torch.randn(n, k, device=dev)).to(dtype)
+        err = 0.0
+        for m in rows:
+            x = torch.randn(m, 2 * k if silu else k, device=dev).to(dtype)
+            ref = gv.gemv_ref(x, w, silu).float()
+            for cfg in configs:
+                out = gv.gemv(x, w, silu_mul=silu, **cfg).float()
+                err = max(err, _err(out, ref) / ref.abs().max().item())
+        name = f"gemv {n}x{k}{' silu' if silu else ''} x{len(configs)} configs"
+        return Row("check", name, err, "rel", tol, None, "", err <= tol)
+
+    for n, k, silu in shapes:
+        bench.case("check", "gemv", check, n, k, silu)
 
 
 def main(argv: list[str] | None = None) -> int:

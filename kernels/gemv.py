@@ -36,7 +36,7 @@ from radixlm.kernels._triton import (
     gdc_wait,
     jit,
     next_power_of_2,
-    pdl_enabled,
+    pdl_launch_args,
     require_triton,
     tl,
 )
@@ -142,7 +142,9 @@ def _gemv_persistent_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     rows = tl.minimum((t // K_TILES) * BLOCK_N + offs_b, N - 1).to(tl.int64)
     # NOTE: the grid never exceeds the row blocks, so every program owns at least one tile.
-    w = tl.load(W + rows[:, None] * stride_wn + offs_k[None, :], mask=(offs_k < K)[None, :])
+    w = tl.load(
+        W + rows[:, None] * stride_wn + offs_k[None, :], mask=(offs_k < K)[None, :], other=0.0
+    )
     if USE_PDL:
         gdc_wait()  # x is written by the previous kernel; the first weight tile is in flight
         gdc_launch_dependents()
@@ -186,21 +188,19 @@ def gemv(
 ) -> torch.Tensor:
     """`x @ w.T` for small M (`silu(gate) * up` of x's halves first when `silu_mul`).
 
-    `per_sm` > 0 launches the persistent kernel with that many programs per SM (CUDA only; on
-    other devices it means 4 programs in all)."""
+    `per_sm` > 0 launches the persistent kernel with that many programs per SM (off CUDA, e.g.
+    in the interpreter, `per_sm` programs in all)."""
     require_triton()
     m = x.shape[0]
     n, k = w.shape
     assert x.shape[1] == (2 * k if silu_mul else k), (x.shape, w.shape, silu_mul)
     assert x.dtype == w.dtype and m <= 16 and x.stride(1) == 1 and w.stride(1) == 1
     out = x.new_empty((m, n))
-    pdl = pdl_enabled(x.device)
     block_k = min(block_k, next_power_of_2(k))
     common = dict(
         BLOCK_M=max(1, next_power_of_2(m)), BLOCK_N=block_n, BLOCK_K=block_k,
-        EVEN_K=k % block_k == 0, SILU_MUL=silu_mul, USE_PDL=pdl,
-        num_warps=num_warps, **({"launch_pdl": True} if pdl else {}),
-        **({} if num_stages is None else {"num_stages": num_stages}),
+        EVEN_K=k % block_k == 0, SILU_MUL=silu_mul, num_warps=num_warps,
+        **pdl_launch_args(x.device), **({} if num_stages is None else {"num_stages": num_stages}),
     )  # fmt: skip
     args = (x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0))
     row_blocks = cdiv(n, block_n)
