@@ -5,8 +5,9 @@ outputs, the next batch's metadata) runs while the GPU computes.
 Flow (`Scheduler.event_loop`): an eligible decode batch is launched (`launch_decode`) and left in
 flight; the next iteration launches the following step for the same requests with the in-flight
 step's next-token tensor as input ids (`step_inflight`), then reads and processes the in-flight
-step (`process_decode`). A request that finishes at step n has already been launched in step
-n + 1: that step's token is dropped. Its KV (the finished token's) is valid and goes to the prefix
+step (`process_decode`). A request whose step-n token reaches a length limit is not launched
+again; one that stops at step n on EOS or a stop condition has already been launched in step
+n + 1: that token is dropped, and its KV (the finished token's) is valid and goes to the prefix
 cache with the rest.
 
 Eligibility (exactness): every request greedy with no logit processor (penalties, bias, pending
@@ -85,10 +86,18 @@ class OverlapDecode:
         flight = self.inflight
         assert flight is not None
         self.drop_aborted_running()
-        keep = [k for k, r in enumerate(flight.batch.reqs) if not r.finished]
+        batch_ids = {id(r) for r in flight.batch.reqs}
+        # Requests that certainly end with the in-flight token (length limits) are not launched
+        # again; one that ends on EOS or a stop condition wastes its row of the next step.
+        keep = [
+            k for k, r in enumerate(flight.batch.reqs) if not r.finished and not self.ends_next(r)
+        ]
         reqs = [flight.batch.reqs[k] for k in keep]
         ahead = None
-        if reqs and self.overlap_eligible(reqs):
+        # NOTE: every running request must be in the batch (it always is: nothing is admitted
+        # while a step is in flight); otherwise the plain path picks all of them up next.
+        everyone = all(id(r) in batch_ids for r in self.running)
+        if reqs and everyone and self.overlap_eligible(reqs):
             ids = flight.next_ids
             if len(keep) != len(flight.batch.reqs):
                 ids = ids.index_select(0, to_device(keep, ids.device))
@@ -96,6 +105,11 @@ class OverlapDecode:
             self.stats["overlapped_steps"] += 1
         self.process_decode(flight)
         self.inflight = ahead
+
+    def ends_next(self, req: Req) -> bool:
+        """Whether the token in flight for `req` (not appended yet) reaches a length limit."""
+        n = len(req.output_ids) + 1
+        return n >= req.sampling_params.max_new_tokens or req.seqlen + 1 >= self.context_len
 
     def drain_inflight(self) -> None:
         """Process the in-flight step, launching nothing after it."""

@@ -121,6 +121,17 @@ def test_overlapped_batch_finishing_at_different_steps(engine) -> None:
         assert t["meta_info"]["finish_reason"] == a["meta_info"]["finish_reason"]
 
 
+def test_overlap_launches_no_step_past_a_length_limit(engine) -> None:
+    """A request ending on max_new_tokens costs one prefill and max_new_tokens - 1 decode steps:
+    the overlapped schedule does not launch a step for a token that cannot be used."""
+    before = engine.get_server_info()
+    out = engine.generate(PROMPT, {**GREEDY, "max_new_tokens": 6})
+    after = engine.get_server_info()
+    assert len(out["output_ids"]) == 6
+    assert after["overlapped_steps"] > before["overlapped_steps"]
+    assert after["forward_ct"] - before["forward_ct"] == 6
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
