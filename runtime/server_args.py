@@ -41,7 +41,9 @@ class ServerArgs:
     schedule_policy: str = "lpm"
     schedule_conservativeness: float = 1.0
     disable_radix_cache: bool = False
-    disable_overlap_schedule: bool = False  # see runtime/scheduler/overlap.py
+    disable_overlap_schedule: bool = False  # see runtime/scheduler/overlap.py (CUDA only)
+    # Run the overlapped schedule on CPU too (tests: no gain there, tokens arrive a step later).
+    overlap_schedule_on_cpu: bool = False
     stream_interval: int = 1
     # ---- kernels ----
     attention_backend: str | None = None  # None: triton on GPU, torch on CPU

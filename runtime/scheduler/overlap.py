@@ -10,9 +10,10 @@ again; one that stops at step n on EOS or a stop condition has already been laun
 n + 1: that token is dropped, and its KV (the finished token's) is valid and goes to the prefix
 cache with the rest.
 
-Eligibility (exactness): every request greedy with no logit processor (penalties, bias, pending
-min_new_tokens), no grammar, no logprobs; no request waiting for a prefill; KV room for one more
-token each. Otherwise the in-flight step is processed first and the batch runs the plain way.
+Eligibility (exactness): a CUDA device (CPU only with `overlap_schedule_on_cpu`, for tests); every
+request greedy with no logit processor (penalties, bias, pending min_new_tokens), no grammar, no
+logprobs; no request waiting for a prefill; KV room for one more token each. Otherwise the
+in-flight step is processed first and the batch runs the plain way.
 
 # NOTE: `Req.computed` counts launched steps: while a step is in flight a request has KV for
 # every token in `fill_ids` (`computed == seqlen`), so releasing it (abort, finish) hands the
@@ -48,6 +49,10 @@ class OverlapDecode:
 
     def overlap_eligible(self, reqs: list[Req]) -> bool:
         if self.args.disable_overlap_schedule or self.waiting or self.chunked_req is not None:
+            return False
+        # NOTE: on CPU the forward is synchronous: launching ahead only delays each token's
+        # delivery by a step, so it is off unless a test asks for it.
+        if self.device.type != "cuda" and not self.args.overlap_schedule_on_cpu:
             return False
         if self.allocator.available() + self.cache.evictable_size() < len(reqs):
             return False

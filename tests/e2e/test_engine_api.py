@@ -11,7 +11,7 @@ import time
 import pytest
 
 from radixlm.runtime.errors import InvalidRequestError
-from tests_helpers import pid_alive
+from tests_helpers import get_engine, pid_alive, release_engine
 
 GREEDY = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
 PROMPT = "The three most important inventions in history are"
@@ -98,22 +98,30 @@ def test_stop_token_ids_min_tokens_and_zero_tokens(engine) -> None:
     assert zero["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
 
 
-def test_overlapped_batch_finishing_at_different_steps(engine) -> None:
+@pytest.fixture(scope="module")
+def overlap_engine():
+    """The default model with the overlapped decode schedule forced on (it is CUDA-only)."""
+    kwargs = {"overlap_schedule_on_cpu": True}
+    yield get_engine(**kwargs)
+    release_engine(**kwargs)
+
+
+def test_overlapped_batch_finishing_at_different_steps(overlap_engine) -> None:
     """Greedy requests of one overlapped batch that end at different steps (max_new_tokens, a stop
     token id, the model's EOS) get exactly what each gets alone, and the overlap did run."""
     chat = "<|im_start|>user\nSay OK.<|im_end|>\n<|im_start|>assistant\n"
     prompts = [PROMPT, PROMPT + " the", chat, "1, 2, 3, 4,"]
-    first = engine.generate(prompts[1], GREEDY)["output_ids"]
+    first = overlap_engine.generate(prompts[1], GREEDY)["output_ids"]
     params = [
         {**GREEDY, "max_new_tokens": 3},
         {**GREEDY, "stop_token_ids": [first[5]]},
         {"temperature": 0, "max_new_tokens": 40},  # ends with <|im_end|>
         {**GREEDY, "max_new_tokens": 30},
     ]
-    alone = [engine.generate(p, sp) for p, sp in zip(prompts, params)]
-    before = engine.get_server_info()["overlapped_steps"]
-    together = engine.generate(prompts, params)
-    assert engine.get_server_info()["overlapped_steps"] > before
+    alone = [overlap_engine.generate(p, sp) for p, sp in zip(prompts, params)]
+    before = overlap_engine.get_server_info()["overlapped_steps"]
+    together = overlap_engine.generate(prompts, params)
+    assert overlap_engine.get_server_info()["overlapped_steps"] > before
     lengths = {len(o["output_ids"]) for o in together}
     assert len(lengths) == 4, lengths  # four different finishing steps
     for a, t in zip(alone, together):
@@ -121,12 +129,12 @@ def test_overlapped_batch_finishing_at_different_steps(engine) -> None:
         assert t["meta_info"]["finish_reason"] == a["meta_info"]["finish_reason"]
 
 
-def test_overlap_launches_no_step_past_a_length_limit(engine) -> None:
+def test_overlap_launches_no_step_past_a_length_limit(overlap_engine) -> None:
     """A request ending on max_new_tokens costs one prefill and max_new_tokens - 1 decode steps:
     the overlapped schedule does not launch a step for a token that cannot be used."""
-    before = engine.get_server_info()
-    out = engine.generate(PROMPT, {**GREEDY, "max_new_tokens": 6})
-    after = engine.get_server_info()
+    before = overlap_engine.get_server_info()
+    out = overlap_engine.generate(PROMPT, {**GREEDY, "max_new_tokens": 6})
+    after = overlap_engine.get_server_info()
     assert len(out["output_ids"]) == 6
     assert after["overlapped_steps"] > before["overlapped_steps"]
     assert after["forward_ct"] - before["forward_ct"] == 6
