@@ -9,6 +9,8 @@ Modules (import the one you need; this package imports nothing, so `radixlm.kern
     token_bitmask      apply a packed allowed-token bitmask to logits
     rmsnorm            RMSNorm and fused residual-add + RMSNorm (HF Llama semantics)
     rotary             neox-style rotary embedding, in place
+    activation         Llama's MLP activation silu(gate) * up
+    gemv               small-batch (decode) linear layer, picked per shape against cuBLAS
     testing            random paged batches and tolerances for tests/benchmarks
     bench_kernels      `radixlm bench kernels` (main(argv)); speed sections in bench_perf
 See docs/kernels.md.

@@ -268,33 +268,43 @@ def _check_misc(bench: Bench, dtypes: list[torch.dtype]) -> None:
 
 
 def _check_gemv(bench: Bench, dtype: torch.dtype) -> None:
-    """Every decode GEMV candidate against its reference at Llama-3-8B's qkv and (silu-fused) down
-    shapes, M = 1 and 5 (relative to the largest output)."""
+    """Every decode GEMV candidate against its reference at Llama-3-8B's qkv and down shapes,
+    M = 1 and 5 (relative to the largest output), and the activation kernel."""
+    from radixlm.kernels import activation
     from radixlm.kernels import gemv as gv
 
     dev = bench.device
     if bench.tiny:  # interpreter: one plain and one persistent config, small tiles
         configs = [{**c, "block_k": 64} for c in (gv.GEMV_CONFIGS[0], gv.GEMV_CONFIGS[-1])]
-        shapes, rows = [(40, 96, False), (33, 300, True)], (3,)
+        shapes, rows = [(40, 96), (33, 300)], (3,)
     else:
         configs = list(gv.GEMV_CONFIGS)
-        shapes, rows = [(6144, 4096, False), (4096, 14336, True)], (1, 5)
+        shapes, rows = [(6144, 4096), (4096, 14336)], (1, 5)
     tol = 1e-5 if dtype == torch.float32 else 1e-2
 
-    def check(n: int, k: int, silu: bool) -> Row:
+    def check(n: int, k: int) -> Row:
         w = (0.02 * torch.randn(n, k, device=dev)).to(dtype)
         err = 0.0
         for m in rows:
-            x = torch.randn(m, 2 * k if silu else k, device=dev).to(dtype)
-            ref = gv.gemv_ref(x, w, silu).float()
+            x = torch.randn(m, k, device=dev).to(dtype)
+            ref = gv.gemv_ref(x, w).float()
             for cfg in configs:
-                out = gv.gemv(x, w, silu_mul=silu, **cfg).float()
+                out = gv.gemv(x, w, **cfg).float()
                 err = max(err, _err(out, ref) / ref.abs().max().item())
-        name = f"gemv {n}x{k}{' silu' if silu else ''} x{len(configs)} configs"
+        name = f"gemv {n}x{k} x{len(configs)} configs"
         return Row("check", name, err, "rel", tol, None, "", err <= tol)
 
-    for n, k, silu in shapes:
-        bench.case("check", "gemv", check, n, k, silu)
+    def check_activation(m: int, n: int) -> Row:
+        x = (4 * torch.randn(m, 2 * n, device=dev)).to(dtype)
+        ref = activation.silu_and_mul_ref(x).float()
+        err = _err(activation.silu_and_mul(x).float(), ref) / ref.abs().max().item()
+        return Row("check", f"silu_and_mul {m}x{n}", err, "rel", tol, None, "", err <= tol)
+
+    for n, k in shapes:
+        bench.case("check", "gemv", check, n, k)
+    bench.case(
+        "check", "silu_and_mul", check_activation, *((3, 40) if bench.tiny else (300, 14336))
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

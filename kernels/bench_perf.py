@@ -49,10 +49,14 @@ def _decode_case(bs: int, ctx: int, copy_gbs: float, config=None, splits=None) -
     q = torch.randn(bs, H, D, device="cuda", dtype=DT)
     splits = splits or da.choose_num_kv_splits(bs, ctx, KVH)
     mid_o, mid_lse = da.alloc_decode_workspace(bs, H, D, splits, "cuda")
+    arrivals = torch.zeros(bs * H, dtype=torch.int32, device="cuda")  # the fused merge, as served
     out = torch.empty_like(q)
     fns = [
         partial(
-            da.decode_attention_fwd, q, k, v, r2t, rpi, seq_lens, out, mid_o, mid_lse, config=config
+            da.decode_attention_fwd,
+            *(q, k, v, r2t, rpi, seq_lens, out, mid_o, mid_lse),
+            config=config,
+            arrivals=arrivals,
         )
         for k, v in pools
     ]

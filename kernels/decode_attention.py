@@ -18,10 +18,10 @@ BLOCK_H (>= 16, padded and masked) query heads that share one kv head, so every 
 once per group and both products are `tl.dot`s. The splits are merged by the last program of
 each head block to finish (with arrival counters) or by a second kernel (decode_merge.py).
 
-# NOTE: the split actually used by a request is derived from its seq_len inside the kernels:
-# split_len = BLOCK_N * ceil(ceil(seq_len / max_kv_splits) / BLOCK_N) and split s covers
-# [s * split_len, min((s + 1) * split_len, seq_len)); splits past the end are skipped by both
-# stages. Shapes and grids therefore depend only on (B, max_kv_splits): CUDA-graph safe.
+# NOTE: the split actually used by a request is derived from its seq_len inside the kernels
+# (`decode_merge.split_span`): split_len = BLOCK_N * ceil(ceil(seq_len / max_kv_splits) / BLOCK_N)
+# and split s covers [s * split_len, min((s + 1) * split_len, seq_len)); splits past the end are
+# skipped by both stages. Shapes and grids therefore depend only on (B, max_kv_splits): CUDA-graph safe.
 """
 
 from __future__ import annotations
@@ -42,7 +42,13 @@ from radixlm.kernels._triton import (
     require_triton,
     tl,
 )
-from radixlm.kernels.decode_merge import decode_stage2_kernel, fence_gpu, merge_splits
+from radixlm.kernels.decode_merge import (
+    decode_stage2_kernel,
+    fence_gpu,
+    merge_block_sizes,
+    merge_splits,
+    split_span,
+)
 from radixlm.kernels.decode_workspace import (
     MAX_KV_SPLITS,
     alloc_decode_workspace,
@@ -118,6 +124,8 @@ def _decode_stage1_kernel(
     BLOCK_N: tl.constexpr,
     PREC: tl.constexpr,
     UPCAST: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    CHUNK: tl.constexpr,
     FUSED_MERGE: tl.constexpr,
     FENCE: tl.constexpr,
     USE_PDL: tl.constexpr,
@@ -128,7 +136,7 @@ def _decode_stage1_kernel(
     split = tl.program_id(2)
     pdl_prologue(USE_PDL)
     seq_len = tl.load(SeqLens + b).to(tl.int32)
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    split_len, n_valid = split_span(seq_len, num_splits, BLOCK_N)
     n_start = split * split_len
     n_end = tl.minimum(n_start + split_len, seq_len)
     if n_start < n_end:
@@ -181,21 +189,26 @@ def _decode_stage1_kernel(
         lse = (m_i + tl.log2(l_i)) * 0.6931471805599453  # log2 -> natural-log units (x ln 2)
         tl.store(MidLse + b * stride_mlb + heads * stride_mlh + split, lse, mask=mask_h)
     if FUSED_MERGE:
-        # The last of the num_splits programs of this (request, head block) to arrive merges.
-        if FENCE:
-            fence_gpu()  # this thread's partials are visible device-wide before it counts
-        tl.debug_barrier()
-        counter = Arrivals + b * tl.num_programs(1) + tl.program_id(1)
-        arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-        if arrived == num_splits - 1:
-            tl.store(counter, 0)  # NOTE: leaves the counters zeroed for the next launch
+        # The last of the n_valid splits holding tokens to arrive merges; empty splits exit
+        # without counting. A padding lane (no split) gets its zeros from split 0.
+        last = (n_valid == 0) & (split == 0)
+        if split < n_valid:
+            if FENCE:
+                fence_gpu()  # this thread's partials are visible device-wide before it counts
+            tl.debug_barrier()
+            counter = Arrivals + b * tl.num_programs(1) + tl.program_id(1)
+            arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+            last = arrived == n_valid - 1
+            if last:
+                tl.store(counter, 0)  # NOTE: leaves the counters zeroed for the next launch
+        if last:
             tl.debug_barrier()
             offs_g = hb * BLOCK_H + tl.arange(0, BLOCK_H)
             heads = kv_h * GROUP + offs_g
             merge_splits(
-                MidO + b * stride_mob + heads[:, None] * stride_moh,
+                MidO + b * stride_mob + heads * stride_moh,
                 MidLse + b * stride_mlb + heads * stride_mlh,
-                Out + b * stride_ob + heads[:, None] * stride_oh,
+                Out + b * stride_ob + heads * stride_oh,
                 offs_g < GROUP,
                 seq_len,
                 num_splits,
@@ -203,6 +216,8 @@ def _decode_stage1_kernel(
                 HEAD_DIM,
                 BLOCK_D,
                 BLOCK_N,
+                BLOCK_S,
+                CHUNK,
             )
 
 
@@ -274,6 +289,7 @@ def decode_attention_fwd(
     if fused:
         assert arrivals.dtype == torch.int32
         assert arrivals.numel() >= batch * num_kv_heads * head_blocks
+    merge_sizes = merge_block_sizes(num_splits, block_h, block_d)
     _decode_stage1_kernel[(batch, num_kv_heads * head_blocks, num_splits)](
         *(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse),
         arrivals if fused else seq_lens,
@@ -292,6 +308,7 @@ def decode_attention_fwd(
         BLOCK_D=block_d,
         BLOCK_H=block_h,
         BLOCK_N=block_n,
+        **merge_sizes,
         **dot_flags(q.dtype),
         FUSED_MERGE=fused,
         FENCE=not interpreting(),
@@ -301,15 +318,18 @@ def decode_attention_fwd(
     )
     if fused:
         return out
-    decode_stage2_kernel[(batch, num_heads)](
+    decode_stage2_kernel[(batch, num_kv_heads * head_blocks)](
         *(mid_o, mid_lse, seq_lens, out),
         num_splits,
         *mid_strides,
         *out.stride()[:2],
+        GROUP=group,
+        HEAD_BLOCKS=head_blocks,
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
-        BLOCK_S=min(32, max(2, next_power_of_2(num_splits))),
+        BLOCK_H=block_h,
         BLOCK_N=block_n,
+        **merge_sizes,
         num_warps=4,
         **pdl_launch_args(q.device),
     )

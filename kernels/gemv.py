@@ -6,17 +6,13 @@ and streams their weight rows along K in contiguous [BLOCK_N, BLOCK_K] tiles, th
 issued before the current one is reduced (two tiles in flight per program); the M activations
 are re-read per tile from L1/L2 and accumulation is fp32.
 
-`silu_mul=True` fuses Llama's MLP activation into the down projection: x is then the gate_up
-output [M, 2K] and the GEMV multiplies `silu(gate) * up` (rounded to x's dtype after each op, as
-the unfused torch path does) by W on the fly, saving a kernel and a round trip of [M, 2K].
-
 Programmatic dependent launch (Hopper+, `kernels._triton.pdl_enabled`): the kernel is launched
 with the PDL attribute so it can start while the previous kernel drains. It loads its first weight
 tile (weights are never written by the previous kernel) and only then waits for the previous grid
 (`gdc_wait`) before reading x.
 
 Layouts:
-    x: [M, K] (or [M, 2K] with silu_mul), M <= 16, last dim contiguous
+    x: [M, K], M <= 16, last dim contiguous
     w: [N, K] row-major (the nn.Linear layout), same dtype as x (bf16/fp16/fp32)
     returns [M, N] in x's dtype.
 The runtime does not assume this beats cuBLAS: `radixlm.runtime.models.gemm_select` times both
@@ -28,7 +24,6 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.nn.functional as F
 
 from radixlm.kernels._triton import (
     cdiv,
@@ -42,26 +37,17 @@ from radixlm.kernels._triton import (
 )
 
 
-def gemv_ref(x: torch.Tensor, w: torch.Tensor, silu_mul: bool = False) -> torch.Tensor:
+def gemv_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """Reference: fp32 accumulation, result in x's dtype."""
-    if silu_mul:
-        gate, up = x.chunk(2, dim=-1)
-        x = F.silu(gate) * up
     return (x.float() @ w.float().t()).to(x.dtype)
 
 
 @jit
-def _load_x(X, offs_m, offs_k, mask_m, K, stride_xm, EVEN_K: tl.constexpr, SILU_MUL: tl.constexpr):
-    """[BLOCK_M, BLOCK_K] activations as fp32 (silu(gate) * up when SILU_MUL)."""
+def _load_x(X, offs_m, offs_k, mask_m, K, stride_xm, EVEN_K: tl.constexpr):
+    """[BLOCK_M, BLOCK_K] activations as fp32."""
     ptrs = X + offs_m[:, None] * stride_xm + offs_k[None, :]
     mask = mask_m[:, None] if EVEN_K else mask_m[:, None] & (offs_k < K)[None, :]
-    x = tl.load(ptrs, mask=mask, other=0.0)
-    if SILU_MUL:
-        up = tl.load(ptrs + K, mask=mask, other=0.0)
-        g = x.to(tl.float32)
-        act = (g / (1.0 + tl.exp(-g))).to(x.dtype)
-        x = (act.to(tl.float32) * up.to(tl.float32)).to(x.dtype)
-    return x.to(tl.float32)
+    return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
 
 
 @jit
@@ -79,7 +65,6 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
-    SILU_MUL: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -100,7 +85,7 @@ def _gemv_kernel(
         gdc_launch_dependents()
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        x = _load_x(X, offs_m, k0 + offs_k, mask_m, K, stride_xm, EVEN_K, SILU_MUL)
+        x = _load_x(X, offs_m, k0 + offs_k, mask_m, K, stride_xm, EVEN_K)
         next_k = k0 + BLOCK_K + offs_k
         w_next = tl.load(w_ptrs + k0 + BLOCK_K, mask=(next_k < K)[None, :], other=0.0)
         acc += tl.sum(x[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
@@ -126,7 +111,6 @@ def _gemv_persistent_kernel(
     BLOCK_K: tl.constexpr,
     K_TILES: tl.constexpr,
     EVEN_K: tl.constexpr,
-    SILU_MUL: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """A fixed grid of a few programs per SM, each streaming a contiguous run of row blocks as
@@ -151,7 +135,7 @@ def _gemv_persistent_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     while t < t_end:
         k0 = (t % K_TILES) * BLOCK_K
-        x = _load_x(X, offs_m, k0 + offs_k, mask_m, K, stride_xm, EVEN_K, SILU_MUL)
+        x = _load_x(X, offs_m, k0 + offs_k, mask_m, K, stride_xm, EVEN_K)
         nt = t + 1
         n_rows = tl.minimum((nt // K_TILES) * BLOCK_N + offs_b, N - 1).to(tl.int64)
         n_k = (nt % K_TILES) * BLOCK_K + offs_k
@@ -176,38 +160,68 @@ def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def _resident_per_sm(compiled: object, index: int) -> int:
+    """How many programs of a compiled kernel fit on one SM at once (registers, warps, shared
+    memory), from the compiled kernel's resource use."""
+    props = torch.cuda.get_device_properties(index)
+    warps = compiled.metadata.num_warps
+    regs_per_warp = cdiv(max(1, compiled.n_regs) * 32, 256) * 256  # allocated per warp, by 256
+    fits = [
+        getattr(props, "regs_per_multiprocessor", 65536) // (regs_per_warp * warps),
+        props.max_threads_per_multi_processor // (32 * warps),
+    ]
+    if compiled.metadata.shared:
+        fits.append(props.shared_memory_per_multiprocessor // (compiled.metadata.shared + 1024))
+    return max(1, min(fits))
+
+
+# (device index, launch constants) -> programs per SM that are resident together
+_RESIDENT: dict[tuple, int] = {}
+
+
 def gemv(
     x: torch.Tensor,
     w: torch.Tensor,
     block_n: int = 8,
     block_k: int = 512,
     num_warps: int = 4,
-    silu_mul: bool = False,
     per_sm: int = 0,
     num_stages: int | None = None,
 ) -> torch.Tensor:
-    """`x @ w.T` for small M (`silu(gate) * up` of x's halves first when `silu_mul`).
+    """`x @ w.T` for small M.
 
-    `per_sm` > 0 launches the persistent kernel with that many programs per SM (off CUDA, e.g.
-    in the interpreter, `per_sm` programs in all)."""
+    `per_sm` > 0 launches the persistent kernel with that many programs per SM, at most as many
+    as can be resident together (off CUDA, e.g. in the interpreter, `per_sm` programs in all)."""
     require_triton()
     m = x.shape[0]
     n, k = w.shape
-    assert x.shape[1] == (2 * k if silu_mul else k), (x.shape, w.shape, silu_mul)
+    assert x.shape[1] == k, (x.shape, w.shape)
     assert x.dtype == w.dtype and m <= 16 and x.stride(1) == 1 and w.stride(1) == 1
     out = x.new_empty((m, n))
     block_k = min(block_k, next_power_of_2(k))
     common = dict(
         BLOCK_M=max(1, next_power_of_2(m)), BLOCK_N=block_n, BLOCK_K=block_k,
-        EVEN_K=k % block_k == 0, SILU_MUL=silu_mul, num_warps=num_warps,
-        **pdl_launch_args(x.device), **({} if num_stages is None else {"num_stages": num_stages}),
+        EVEN_K=k % block_k == 0, num_warps=num_warps, **pdl_launch_args(x.device),
+        **({} if num_stages is None else {"num_stages": num_stages}),
     )  # fmt: skip
     args = (x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0))
     row_blocks = cdiv(n, block_n)
-    if per_sm > 0:
-        sms = _num_sms(x.device.index or 0) if x.device.type == "cuda" else 1
-        grid = (min(row_blocks, sms * per_sm),)
+    if per_sm > 0 and x.device.type != "cuda":
+        grid = (min(row_blocks, per_sm),)
         _gemv_persistent_kernel[grid](*args, row_blocks, K_TILES=cdiv(k, block_k), **common)
+    elif per_sm > 0:
+        # NOTE: a persistent grid must be resident all at once: programs waiting for a free SM
+        # would run as a tail wave, and with PDL the next kernel could not start (its programs
+        # launch only once every program here has started). per_sm is capped at what fits.
+        index = x.device.index or 0
+        key = (index, cdiv(k, block_k), x.dtype, *sorted(common.items()))
+        per_sm = min(per_sm, _RESIDENT.get(key, per_sm))
+        grid = (min(row_blocks, _num_sms(index) * per_sm),)
+        compiled = _gemv_persistent_kernel[grid](
+            *args, row_blocks, K_TILES=cdiv(k, block_k), **common
+        )
+        if key not in _RESIDENT:
+            _RESIDENT[key] = _resident_per_sm(compiled, index)
     else:
         _gemv_kernel[(row_blocks,)](*args, **common)
     return out

@@ -4,10 +4,12 @@ Run once on the GPU after the weights are loaded (before CUDA-graph capture). La
 by (weight shape, gated input); for each group and each decode bucket (M = 1, 4, 8) one CUDA
 graph per candidate calls every layer of the group once, the way a decode step does: weights cold
 in L2 (one layer's weight is read once per step), launch overhead gone, consecutive kernels free
-to overlap through programmatic dependent launch. Candidates are cuBLAS (`forward_default`, with
-torch's silu * up for gated layers) and each `kernels.gemv.GEMV_CONFIGS` entry; a Triton config
+to overlap through programmatic dependent launch. Candidates are cuBLAS (`forward_default`) and
+each `kernels.gemv.GEMV_CONFIGS` entry; a Triton config
 is kept only where it is clearly faster (>= 3 %), so the choice never makes a step slower than
-cuBLAS on the machine it runs on. Larger batches always use cuBLAS.
+cuBLAS on the machine it runs on. Larger batches always use cuBLAS, and so do gated gate_up layers (cuBLAS, then the activation
+kernel): a GEMV with the activation in its epilogue won in isolation but lost in the real step on
+the H200 (docs/benchmarks.md, run 8).
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def graph_time_ms(calls: list[Callable[[], Any]], device: torch.device) -> float
 def _impl(layer: torch.nn.Module, cfg: dict[str, Any]) -> Callable[[torch.Tensor], torch.Tensor]:
     from radixlm.kernels.gemv import gemv
 
-    return functools.partial(gemv, w=layer.weight, silu_mul=layer.gated_input, **cfg)
+    return functools.partial(gemv, w=layer.weight, **cfg)
 
 
 def _choose(layers: list[torch.nn.Module], m: int) -> tuple[dict[str, Any] | None, dict[str, Any]]:
@@ -72,8 +74,7 @@ def _choose(layers: list[torch.nn.Module], m: int) -> tuple[dict[str, Any] | Non
     from radixlm.kernels.gemv import GEMV_CONFIGS
 
     w = layers[0].weight
-    width = w.shape[1] * (2 if layers[0].gated_input else 1)
-    x = torch.randn(m, width, device=w.device, dtype=w.dtype)
+    x = torch.randn(m, w.shape[1], device=w.device, dtype=w.dtype)
     base = graph_time_ms([functools.partial(lay.forward_default, x) for lay in layers], w.device)
     best, best_ms = None, base
     for cfg in GEMV_CONFIGS:
@@ -98,13 +99,12 @@ def select_decode_gemms(model: torch.nn.Module, linear_cls: type) -> dict[str, A
     """Attach `small_m_impl` to every `linear_cls` module; returns a timing report per group."""
     groups: dict[tuple[Any, ...], list[torch.nn.Module]] = {}
     for module in model.modules():
-        if isinstance(module, linear_cls):
-            key = (*module.weight.shape, module.gated_input)
-            groups.setdefault(key, []).append(module)
+        if isinstance(module, linear_cls) and not module.gated_output:
+            groups.setdefault(tuple(module.weight.shape), []).append(module)
     summary: dict[str, Any] = {}
-    for (n, k, gated), layers in groups.items():
+    for (n, k), layers in groups.items():
         picked = [_choose(layers, m) for m in BUCKETS]
-        summary[f"{n}x{k}{'_silu' if gated else ''}"] = [report for _, report in picked]
+        summary[f"{n}x{k}"] = [report for _, report in picked]
         for layer in layers:
             layer.small_m_impl = [None if cfg is None else _impl(layer, cfg) for cfg, _ in picked]
     torch.cuda.empty_cache()

@@ -23,18 +23,27 @@ from radixlm.runtime.models.rotary import RotaryEmbedding
 class Linear(nn.Module):
     """`y = x W^T (+ b)` with uninitialised parameters (weights always come from a loader).
 
-    `gated_input`: x is `[.., 2 * in_features]` (a gate_up output) and the layer multiplies
-    `silu(gate) * up` (Llama's MLP activation, fused into the GEMV when one is selected).
-    `small_m_impl` (set on GPU by `gemm_select.select_decode_gemms`) holds, per decode batch-size
-    bucket, a faster kernel for this layer taking the same x, or None to keep cuBLAS."""
+    `gated_output`: W stacks Llama's gate and up projections ([2 * out_features, in]) and the
+    layer returns `silu(gate) * up` ([.., out_features]); `fused` runs that activation as a Triton
+    kernel (GPU). `small_m_impl` (set on GPU by `gemm_select.select_decode_gemms` for layers
+    without a gated output) holds, per decode batch-size bucket, a faster kernel for this layer
+    taking the same x, or None to keep cuBLAS."""
 
     def __init__(
-        self, in_features: int, out_features: int, bias: bool = False, gated_input: bool = False
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = False,
+        gated_output: bool = False,
+        fused: bool = False,
     ) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
-        self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
-        self.gated_input = gated_input
+        assert not (bias and gated_output), "a bias before the activation is not supported"
+        rows = out_features * (2 if gated_output else 1)
+        self.weight = nn.Parameter(torch.empty(rows, in_features), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(rows), requires_grad=False) if bias else None
+        self.gated_output = gated_output
+        self.fused = fused
         self.small_m_impl: list | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -48,10 +57,15 @@ class Linear(nn.Module):
 
     def forward_default(self, x: torch.Tensor) -> torch.Tensor:
         """The torch (cuBLAS) path, whatever `small_m_impl` holds."""
-        if self.gated_input:
-            gate, up = x.chunk(2, dim=-1)
-            x = F.silu(gate) * up
-        return F.linear(x, self.weight, self.bias)
+        y = F.linear(x, self.weight, self.bias)
+        if not self.gated_output:
+            return y
+        if self.fused:
+            from radixlm.kernels.activation import silu_and_mul
+
+            return silu_and_mul(y)
+        gate, up = y.chunk(2, dim=-1)
+        return F.silu(gate) * up
 
 
 class RMSNorm(nn.Module):
@@ -126,11 +140,11 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, fused: bool) -> None:
         super().__init__()
         inter = config.intermediate_size
-        self.gate_up_proj = Linear(config.hidden_size, 2 * inter, bias=False)
-        self.down_proj = Linear(inter, config.hidden_size, bias=False, gated_input=True)
+        self.gate_up_proj = Linear(config.hidden_size, inter, gated_output=True, fused=fused)
+        self.down_proj = Linear(inter, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.gate_up_proj(x))
@@ -140,7 +154,7 @@ class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_id: int, fused: bool) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(config, layer_id)
-        self.mlp = LlamaMLP(config)
+        self.mlp = LlamaMLP(config, fused)
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps, fused)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, fused)
@@ -168,7 +182,8 @@ class LlamaForCausalLM(nn.Module):
     def __init__(
         self, config: ModelConfig, max_positions: int, device: torch.device, fused_ops: bool = False
     ) -> None:
-        """`fused_ops`: RMSNorm and rotary embeddings run as Triton kernels (GPU only)."""
+        """`fused_ops`: RMSNorm, rotary embeddings and the MLP activation run as Triton kernels (GPU
+        only)."""
         super().__init__()
         self.config = config
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
