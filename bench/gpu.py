@@ -230,20 +230,31 @@ def section_offline(args: argparse.Namespace) -> None:
             input_ids=prompts[:8], sampling_params={"max_new_tokens": 8, "ignore_eos": True}
         )
         eng.flush_cache()
+        before = eng.get_server_info()
         t = time.perf_counter()
         outs = eng.generate(
             input_ids=prompts,
             sampling_params={"max_new_tokens": outp, "ignore_eos": True, "temperature": 0},
         )
         dt = time.perf_counter() - t
+        after = eng.get_server_info()
         gen = sum(o["meta_info"]["completion_tokens"] for o in outs)
     finally:
         eng.shutdown()
+    kinds = ("forward_ct", "extend_iterations", "extend_seconds", "decode_seconds")
+    spent = {k: after[k] - before[k] for k in kinds}
+    steps = spent["forward_ct"] - spent["extend_iterations"]  # decode forwards
     res = {
         "requests": n,
         "seconds": round(dt, 2),
         "output_tok_s": round(gen / dt, 1),
         "total_tok_s": round((gen + n * inp) / dt, 1),
+        # where the time went: extend (prefill) vs decode iterations of the scheduler
+        "extend_batches": spent["extend_iterations"],
+        "extend_seconds": round(spent["extend_seconds"], 2),
+        "decode_steps": steps,
+        "decode_seconds": round(spent["decode_seconds"], 2),
+        "decode_avg_batch": round((gen - n) / max(1, steps), 1),
     }
     _log(f"offline: {res}")
     RESULTS["offline"] = res

@@ -95,6 +95,13 @@ class Scheduler(RequestIntake, OverlapDecode):
             "generated_tokens": 0,
             "retracted": 0,
             "overlapped_steps": 0,
+            # Wall time of the loop iterations that ran a forward, by kind (an extend iteration
+            # ends at its tokens' read-back; an overlapped decode iteration launches one step
+            # and reads the previous one).
+            "extend_iterations": 0,
+            "extend_seconds": 0.0,
+            "decode_iterations": 0,
+            "decode_seconds": 0.0,
         }
         self.inflight = None  # a decode step launched and not read yet (overlap.py)
         self.ctx = zmq.Context(2)
@@ -157,13 +164,22 @@ class Scheduler(RequestIntake, OverlapDecode):
                 self.handle(msg)
             self.poll_grammars()
             self.expire_waiting()
+            start = time.perf_counter()
             if self.inflight is not None:
                 self.step_inflight()
+                self.count_time("decode", start)
             else:
                 batch = self.get_next_batch()
                 if batch is not None:
                     self.run_batch(batch)
+                    self.count_time(
+                        "decode" if batch.mode == ForwardMode.DECODE else "extend", start
+                    )
             self.stream_outputs()
+
+    def count_time(self, kind: str, start: float) -> None:
+        self.stats[f"{kind}_iterations"] += 1
+        self.stats[f"{kind}_seconds"] += time.perf_counter() - start
 
     def handle(self, msg: Any) -> None:
         if isinstance(msg, io.GenerateReq):

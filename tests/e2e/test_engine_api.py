@@ -138,6 +138,12 @@ def test_overlap_launches_no_step_past_a_length_limit(overlap_engine) -> None:
     assert len(out["output_ids"]) == 6
     assert after["overlapped_steps"] > before["overlapped_steps"]
     assert after["forward_ct"] - before["forward_ct"] == 6
+    # One extend (the prompt, first token); five decode steps in six timed iterations (the first
+    # only launches a step, the last only reads one).
+    assert after["extend_iterations"] - before["extend_iterations"] == 1
+    assert after["decode_iterations"] - before["decode_iterations"] == 6
+    assert after["extend_seconds"] > before["extend_seconds"]
+    assert after["decode_seconds"] > before["decode_seconds"]
 
 
 @pytest.mark.parametrize(
