@@ -39,6 +39,7 @@ from radixlm.runtime.model_runner import ModelRunner
 from radixlm.runtime.models.loader import resolve_model
 from radixlm.runtime.sampling.sampler import sample
 from radixlm.runtime.sampling.sampling_batch import SamplingBatch
+from radixlm.runtime.scheduler.info import SchedulerInfo
 from radixlm.runtime.scheduler.intake import RequestIntake
 from radixlm.runtime.scheduler.output import error_output, make_output
 from radixlm.runtime.scheduler.overlap import OverlapDecode
@@ -61,7 +62,7 @@ MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY = 0.001
 
 
-class Scheduler(RequestIntake, OverlapDecode):
+class Scheduler(RequestIntake, OverlapDecode, SchedulerInfo):
     def __init__(self, args: ServerArgs, ports: PortArgs) -> None:
         self.args = args
         source = resolve_model(args.model_path, args.load_format)
@@ -113,39 +114,6 @@ class Scheduler(RequestIntake, OverlapDecode):
         self.grammars = make_grammar_manager(args, self.tokenizer, self.config.vocab_size,
                                              self.eos_ids, self.device)  # fmt: skip
 
-    # ---- info ----------------------------------------------------------------------------------
-    def info(self) -> dict[str, Any]:
-        cfg = self.config
-        return {
-            "max_total_num_tokens": self.allocator.capacity,
-            "max_running_requests": self.max_running,
-            "context_length": self.context_len,
-            "chunked_prefill_size": self.chunk_size or -1,
-            "device": str(self.device),
-            "dtype": str(self.runner.dtype).replace("torch.", ""),
-            "attention_backend": type(self.runner.attn).__name__,
-            "vocab_size": cfg.vocab_size,
-            "eos_token_ids": list(self.eos_ids),
-            "architecture": cfg.architecture,
-            "num_layers": cfg.num_hidden_layers,
-            "hidden_size": cfg.hidden_size,
-        }
-
-    def load_info(self) -> dict[str, Any]:
-        return {
-            "num_waiting": len(self.waiting) + len(self.grammars.pending),
-            "num_running": len(self.running) + (self.chunked_req is not None),
-            "free_slots": self.allocator.available(),
-            "evictable_slots": self.cache.evictable_size(),
-            "protected_slots": self.cache.protected_size(),
-            "capacity": self.allocator.capacity,
-            "new_token_ratio": self.new_token_ratio,
-            "forward_ct": self.forward_ct,
-            **self.stats,
-            "jump_forward": self.grammars.stats["jumps"],
-            "jump_forward_tokens": self.grammars.stats["jump_tokens"],
-        }
-
     @property
     def idle(self) -> bool:
         return (
@@ -177,10 +145,6 @@ class Scheduler(RequestIntake, OverlapDecode):
                     )
             self.stream_outputs()
 
-    def count_time(self, kind: str, start: float) -> None:
-        self.stats[f"{kind}_iterations"] += 1
-        self.stats[f"{kind}_seconds"] += time.perf_counter() - start
-
     def handle(self, msg: Any) -> None:
         if isinstance(msg, io.GenerateReq):
             self.add_request(msg)
@@ -189,27 +153,6 @@ class Scheduler(RequestIntake, OverlapDecode):
         elif isinstance(msg, io.ControlReq):
             self.drain_inflight()  # NOTE: control requests see no step in flight
             send(self.tokenizer_sock, self.control(msg))
-
-    def control(self, msg: io.ControlReq) -> io.ControlResp:
-        if msg.kind == "get_info":
-            return io.ControlResp(msg.token, True, {**self.info(), **self.load_info()})
-        if msg.kind == "flush_cache":
-            if not self.idle:
-                return io.ControlResp(msg.token, False, error="cannot flush while requests run")
-            self.cache.reset()
-            self.allocator.clear()
-            return io.ControlResp(msg.token, True)
-        if msg.kind == "check_invariants":
-            if not self.idle:
-                return io.ControlResp(msg.token, False, error="requests are running")
-            try:
-                self.cache.check_idle_invariant()
-                if self.runner.req_to_token.available() != self.runner.req_to_token.size:
-                    raise AssertionError("req_to_token rows leaked")
-            except AssertionError as exc:
-                return io.ControlResp(msg.token, False, error=str(exc))
-            return io.ControlResp(msg.token, True, self.load_info())
-        return io.ControlResp(msg.token, False, error=f"unknown control request {msg.kind!r}")
 
     # ---- batching ------------------------------------------------------------------------------
     def get_next_batch(self) -> ScheduleBatch | None:
