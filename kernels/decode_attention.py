@@ -21,7 +21,8 @@ each head block to finish (with arrival counters) or by a second kernel (decode_
 # NOTE: the split actually used by a request is derived from its seq_len inside the kernels
 # (`decode_merge.split_span`): split_len = BLOCK_N * ceil(ceil(seq_len / max_kv_splits) / BLOCK_N)
 # and split s covers [s * split_len, min((s + 1) * split_len, seq_len)); splits past the end are
-# skipped by both stages. Shapes and grids therefore depend only on (B, max_kv_splits): CUDA-graph safe.
+# skipped by both stages. Shapes and grids therefore depend only on (B, max_kv_splits), which
+# makes the kernels CUDA-graph safe.
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 """Per-shape choice between cuBLAS and the Triton small-batch GEMV for decode-sized linears.
 
 Run once on the GPU after the weights are loaded (before CUDA-graph capture). Layers are grouped
-by (weight shape, gated input); for each group and each decode bucket (M = 1, 4, 8) one CUDA
-graph per candidate calls every layer of the group once, the way a decode step does: weights cold
-in L2 (one layer's weight is read once per step), launch overhead gone, consecutive kernels free
-to overlap through programmatic dependent launch. Candidates are cuBLAS (`forward_default`) and
-each `kernels.gemv.GEMV_CONFIGS` entry; a Triton config
-is kept only where it is clearly faster (>= 3 %), so the choice never makes a step slower than
-cuBLAS on the machine it runs on. Larger batches always use cuBLAS, and so do gated gate_up layers (cuBLAS, then the activation
-kernel): a GEMV with the activation in its epilogue won in isolation but lost in the real step on
-the H200 (docs/benchmarks.md, run 8).
+by weight shape; for each group and each decode bucket (M = 1, 4, 8) one CUDA graph per candidate
+calls every layer of the group once, the way a decode step does: weights cold in L2 (one layer's
+weight is read once per step), launch overhead gone, consecutive kernels free to overlap through
+programmatic dependent launch. Candidates are cuBLAS (`forward_default`) and each
+`kernels.gemv.GEMV_CONFIGS` entry; a Triton config is kept only where it is clearly faster
+(>= 3 %), so that timing noise cannot flip a layer away from cuBLAS. Larger
+batches always use cuBLAS, and so do gated gate_up layers (cuBLAS, then the activation kernel):
+a GEMV with the activation in its epilogue won in isolation but not in the real step on the H200
+(docs/benchmarks.md, runs 7-9).
 """
 
 from __future__ import annotations
