@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print("\nstreaming:", end=" ", flush=True)
         seen = ""
-        for chunk in engine.generate("Write one sentence about the sea.", params, stream=True):
+        for chunk in engine.generate("A sentence about the sea:", params, stream=True):
             print(chunk["text"][len(seen) :], end="", flush=True)
             seen = chunk["text"]
         print()
