@@ -139,6 +139,7 @@ def _runner_decode_tok_s(model: str, batch: int, ctx: int, steps: int = 200) -> 
     from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
     from radixlm.runtime.model_runner import ModelRunner
     from radixlm.runtime.models.loader import resolve_model
+    from radixlm.runtime.sampling.sampler import argmax
     from radixlm.runtime.server_args import ServerArgs
 
     args = ServerArgs(
@@ -168,7 +169,7 @@ def _runner_decode_tok_s(model: str, batch: int, ctx: int, steps: int = 200) -> 
     )
 
     def step() -> None:
-        runner.compute_logits(runner.forward(fb)).argmax(dim=-1)
+        argmax(runner.compute_logits(runner.forward(fb)))
 
     for _ in range(10):
         step()

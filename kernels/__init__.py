@@ -8,8 +8,9 @@ Modules (import the one you need; this package imports nothing, so `radixlm.kern
     decode_workspace   split-count heuristic and the fp32 workspace of decode attention
     token_bitmask      apply a packed allowed-token bitmask to logits
     rmsnorm            RMSNorm and fused residual-add + RMSNorm (HF Llama semantics)
-    rotary             neox-style rotary embedding, in place
+    rotary             neox-style rotary embedding, in place (alone or fused with the K/V store)
     activation         Llama's MLP activation silu(gate) * up
+    argmax             two-stage row argmax (greedy sampling)
     gemv               small-batch (decode) linear layer, picked per shape against cuBLAS
     testing            random paged batches and tolerances for tests/benchmarks
     bench_kernels      `radixlm bench kernels` (main(argv)); speed sections in bench_perf

@@ -201,6 +201,7 @@ def _check_graph(lens: list[int], shape: tuple[int, int, int]) -> Row:
 
 
 def _check_misc(bench: Bench, dtypes: list[torch.dtype]) -> None:
+    from radixlm.kernels import argmax as am
     from radixlm.kernels import rmsnorm as rn
     from radixlm.kernels import rotary as rp
     from radixlm.kernels import store_kv as sk
@@ -226,16 +227,24 @@ def _check_misc(bench: Bench, dtypes: list[torch.dtype]) -> None:
         )
 
     def rope() -> Row:
+        """rotary_embedding, and rotary_store_kv (the pool's rows must equal the rotated k, v)."""
         q = torch.randn(tokens, heads, d, device=dev).to(dtype)
-        k = torch.randn(tokens, kvh, d, device=dev).to(dtype)
+        k, v = torch.randn(2, tokens, kvh, d, device=dev).to(dtype)
         inv = 1.0 / 500000.0 ** (torch.arange(0, d, 2, device=dev).float() / d)
         cache = rp.build_cos_sin_cache(inv, 40000)
         pos = torch.randint(0, 40000, (tokens,), device=dev)
-        q2, k2 = q.clone(), k.clone()
+        q2, k2, q3, k3 = q.clone(), k.clone(), q.clone(), k.clone()
         rp.rotary_embedding(pos, q, k, cache)
         rp.rotary_embedding_ref(pos, q2, k2, cache)
-        err = max(_err(q / 4, q2 / 4), _err(k / 4, k2 / 4))
-        return Row("check", f"rope {str(dtype)[6:]}", err, "abs/4", tol, None, "", err <= tol)
+        buf_k, buf_v = torch.zeros(2, 2 * tokens, kvh, d, device=dev, dtype=dtype)
+        loc = torch.randperm(2 * tokens - 1, device=dev)[:tokens] + 1
+        rp.rotary_store_kv(pos, q3, k3, v, cache, buf_k, buf_v, loc)
+        pairs = [(q, q2), (k, k2), (q3, q2), (k3, k2), (buf_k[loc], k2)]
+        err = max(_err(a / 4, b / 4) for a, b in pairs)
+        if not torch.equal(buf_v[loc], v):
+            err = float("inf")
+        name = f"rope, rope+store_kv {str(dtype)[6:]}"
+        return Row("check", name, err, "abs/4", tol, None, "", err <= tol)
 
     def bitmask() -> Row:
         logits = torch.randn(9, vocab, device=dev)
@@ -247,6 +256,12 @@ def _check_misc(bench: Bench, dtypes: list[torch.dtype]) -> None:
         tb.apply_token_bitmask_inplace_ref(b, mask, idx)
         same = torch.equal(a, b)
         return Row("check", "bitmask (indices)", 0.0 if same else 1.0, "diff", 0.0, None, "", same)
+
+    def argmax() -> Row:
+        logits = torch.randn(9, vocab, device=dev)
+        logits[1, [5, vocab - 1]] = 100.0  # a tie: the lower column wins, as torch
+        same = torch.equal(am.argmax_rows(logits), am.argmax_rows_ref(logits))
+        return Row("check", "argmax", 0.0 if same else 1.0, "diff", 0.0, None, "", same)
 
     def store() -> Row:
         buf_k = torch.randn(4 * tokens, kvh, d, device=dev).to(dtype)
@@ -262,7 +277,8 @@ def _check_misc(bench: Bench, dtypes: list[torch.dtype]) -> None:
         same = torch.equal(buf_k, ref_k) and torch.equal(buf_v, ref_v)
         return Row("check", "store_kv", 0.0 if same else 1.0, "diff", 0.0, None, "", same)
 
-    for name, fn in [("rmsnorm", rms), ("rope", rope), ("bitmask", bitmask), ("store_kv", store)]:
+    checks = [("rmsnorm", rms), ("rope", rope), ("bitmask", bitmask), ("argmax", argmax)]
+    for name, fn in [*checks, ("store_kv", store)]:
         bench.case("check", name, fn)
     _check_gemv(bench, dtype)
 

@@ -21,8 +21,9 @@ each head block to finish (with arrival counters) or by a second kernel (decode_
 # NOTE: the split actually used by a request is derived from its seq_len inside the kernels
 # (`decode_merge.split_span`): split_len = BLOCK_N * ceil(ceil(seq_len / max_kv_splits) / BLOCK_N)
 # and split s covers [s * split_len, min((s + 1) * split_len, seq_len)); splits past the end are
-# skipped by both stages. Shapes and grids therefore depend only on (B, max_kv_splits), which
-# makes the kernels CUDA-graph safe.
+# skipped by both stages, and a sequence that fits one split writes `out` directly (no workspace,
+# no merge). Shapes and grids therefore depend only on (B, max_kv_splits), which makes the kernels
+# CUDA-graph safe.
 """
 
 from __future__ import annotations
@@ -135,19 +136,24 @@ def _decode_stage1_kernel(
     kv_h = tl.program_id(1) // HEAD_BLOCKS
     hb = tl.program_id(1) % HEAD_BLOCKS
     split = tl.program_id(2)
-    pdl_prologue(USE_PDL)
+    # NOTE (PDL): until gdc_wait this reads only what the previous kernel (the store of the new
+    # token's K/V, after the q projection) does not write: the slots of the split's first tile
+    # (req_to_token), which the loop's first iteration then takes instead of loading them.
     seq_len = tl.load(SeqLens + b).to(tl.int32)
+    req = tl.load(ReqPoolIdx + b).to(tl.int64)
     split_len, n_valid = split_span(seq_len, num_splits, BLOCK_N)
     n_start = split * split_len
     n_end = tl.minimum(n_start + split_len, seq_len)
+    r2t_row = ReqToToken + req * stride_r2t
+    offs_n = tl.arange(0, BLOCK_N)
+    first_slots = tl.load(r2t_row + n_start + offs_n, mask=n_start + offs_n < n_end, other=0)
+    pdl_prologue(USE_PDL)
     if n_start < n_end:
-        req = tl.load(ReqPoolIdx + b).to(tl.int64)
         offs_g = hb * BLOCK_H + tl.arange(0, BLOCK_H)
         mask_h = offs_g < GROUP
         heads = kv_h * GROUP + offs_g
         offs_d = tl.arange(0, BLOCK_D)
         mask_d = offs_d < HEAD_DIM
-        offs_n = tl.arange(0, BLOCK_N)
         q = tl.load(
             Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
             mask=mask_h[:, None] & mask_d[None, :],
@@ -156,11 +162,12 @@ def _decode_stage1_kernel(
         m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
         acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-        r2t_row = ReqToToken + req * stride_r2t
         for n0 in range(n_start, n_end, BLOCK_N):
             cols = n0 + offs_n
             mask_n = cols < n_end
-            slots = tl.load(r2t_row + cols, mask=mask_n, other=0).to(tl.int64)
+            first = cols < n_start + BLOCK_N
+            slots = tl.load(r2t_row + cols, mask=mask_n & ~first, other=0)
+            slots = tl.where(first, first_slots, slots).to(tl.int64)
             k = tl.load(
                 KBuf + slots[None, :] * stride_kbs + kv_h * stride_kbh + offs_d[:, None],
                 mask=mask_n[None, :] & mask_d[:, None],
@@ -179,21 +186,26 @@ def _decode_stage1_kernel(
             )
             acc = acc * alpha[:, None] + mma(p.to(v.dtype), v, PREC, UPCAST)
             m_i = m_new
-        mo_ptrs = (
-            MidO
-            + b * stride_mob
-            + heads[:, None] * stride_moh
-            + split * stride_mos
-            + offs_d[None, :]
-        )
-        tl.store(mo_ptrs, acc / l_i[:, None], mask=mask_h[:, None] & mask_d[None, :])
-        lse = (m_i + tl.log2(l_i)) * 0.6931471805599453  # log2 -> natural-log units (x ln 2)
-        tl.store(MidLse + b * stride_mlb + heads * stride_mlh + split, lse, mask=mask_h)
+        mask_hd = mask_h[:, None] & mask_d[None, :]
+        if n_valid == 1:  # the whole sequence in one split: written out, nothing to merge
+            o_ptrs = Out + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+            tl.store(o_ptrs, (acc / l_i[:, None]).to(Out.dtype.element_ty), mask=mask_hd)
+        else:
+            mo_ptrs = (
+                MidO
+                + b * stride_mob
+                + heads[:, None] * stride_moh
+                + split * stride_mos
+                + offs_d[None, :]
+            )
+            tl.store(mo_ptrs, acc / l_i[:, None], mask=mask_hd)
+            lse = (m_i + tl.log2(l_i)) * 0.6931471805599453  # log2 -> natural-log units (x ln 2)
+            tl.store(MidLse + b * stride_mlb + heads * stride_mlh + split, lse, mask=mask_h)
     if FUSED_MERGE:
-        # The last of the n_valid splits holding tokens to arrive merges; empty splits exit
-        # without counting. A padding lane (no split) gets its zeros from split 0.
+        # With several splits holding tokens, the last of them to arrive merges; empty splits
+        # exit without counting. A padding lane (no split) gets its zeros from split 0.
         last = (n_valid == 0) & (split == 0)
-        if split < n_valid:
+        if (split < n_valid) & (n_valid > 1):
             if FENCE:
                 fence_gpu()  # this thread's partials are visible device-wide before it counts
             tl.debug_barrier()
@@ -366,5 +378,6 @@ def decode_attention(
     arrivals = torch.zeros(batch * num_heads, dtype=torch.int32, device=q.device)
     pool = (k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens)
     return decode_attention_fwd(
-        q, *pool, out, mid_o, mid_lse, sm_scale, arrivals=arrivals if fused_merge else None
+        *(q, *pool, out, mid_o, mid_lse, sm_scale),
+        arrivals=arrivals if fused_merge else None,
     )

@@ -122,17 +122,19 @@ def decode_stage2_kernel(
     heads = kv_h * GROUP + offs_g
     pdl_prologue(USE_PDL)
     seq_len = tl.load(SeqLens + b).to(tl.int32)
-    merge_splits(
-        MidO + b * stride_mob + heads * stride_moh,
-        MidLse + b * stride_mlb + heads * stride_mlh,
-        Out + b * stride_ob + heads * stride_oh,
-        offs_g < GROUP,
-        seq_len,
-        num_splits,
-        stride_mos,
-        HEAD_DIM,
-        BLOCK_D,
-        BLOCK_N,
-        BLOCK_S,
-        CHUNK,
-    )
+    _, n_valid = split_span(seq_len, num_splits, BLOCK_N)
+    if n_valid != 1:  # a single split wrote the output itself
+        merge_splits(
+            MidO + b * stride_mob + heads * stride_moh,
+            MidLse + b * stride_mlb + heads * stride_mlh,
+            Out + b * stride_ob + heads * stride_oh,
+            offs_g < GROUP,
+            seq_len,
+            num_splits,
+            stride_mos,
+            HEAD_DIM,
+            BLOCK_D,
+            BLOCK_N,
+            BLOCK_S,
+            CHUNK,
+        )

@@ -12,6 +12,9 @@ Layouts:
     cos_sin_cache: [max_pos, D] fp32, row p = [cos(p * inv_freq), sin(p * inv_freq)], inv_freq
        of length D/2 (see `build_cos_sin_cache`).
 
+`rotary_store_kv` also writes the rotated k and v into the paged KV pool (store_kv.py's layouts) in
+the same kernel: one launch per layer instead of two.
+
 # NOTE: the math is done in fp32 and rounded once to q's dtype. HF instead rounds cos/sin and each
 # product to bf16/fp16 separately, so for half dtypes results differ from HF by ~1 ulp.
 """
@@ -56,7 +59,7 @@ def rotary_embedding_ref(
 
 
 @jit
-def _rotate_heads(
+def _rotated_heads(
     Row,
     stride_h,
     num_heads,
@@ -66,17 +69,41 @@ def _rotate_heads(
     BLOCK_HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
-    """Rotate heads 0..num_heads-1 of one token; Row points at its head 0, dim 0."""
+    """(out1, out2, mask): heads 0..num_heads-1 of one token rotated (fp32 halves, mask of the
+    [BLOCK_H, BLOCK_HALF] tile); Row points at its head 0, dim 0."""
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_HALF)
     base = Row + offs_h[:, None] * stride_h + offs_d[None, :]
     mask = (offs_h[:, None] < num_heads) & (offs_d[None, :] < HALF)
     x1 = tl.load(base, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(base + HALF, mask=mask, other=0.0).to(tl.float32)
-    o1 = x1 * cos[None, :] - x2 * sin[None, :]
-    o2 = x2 * cos[None, :] + x1 * sin[None, :]
-    tl.store(base, o1.to(Row.dtype.element_ty), mask=mask)
-    tl.store(base + HALF, o2.to(Row.dtype.element_ty), mask=mask)
+    return x1 * cos[None, :] - x2 * sin[None, :], x2 * cos[None, :] + x1 * sin[None, :], mask
+
+
+@jit
+def _store_heads(
+    Row,
+    stride_h,
+    out1,
+    out2,
+    mask,
+    HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    """Store `_rotated_heads`' halves at Row (head 0, dim 0 of one token), rounded to its dtype."""
+    offs = tl.arange(0, BLOCK_H)[:, None] * stride_h + tl.arange(0, BLOCK_HALF)[None, :]
+    tl.store(Row + offs, out1.to(Row.dtype.element_ty), mask=mask)
+    tl.store(Row + offs + HALF, out2.to(Row.dtype.element_ty), mask=mask)
+
+
+@jit
+def _cos_sin(Cache, pos, stride_c, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    offs_d = tl.arange(0, BLOCK_HALF)
+    mask_d = offs_d < HALF
+    row = Cache + pos * stride_c + offs_d
+    cos = tl.load(row, mask=mask_d, other=0.0).to(tl.float32)
+    return cos, tl.load(row + HALF, mask=mask_d, other=0.0).to(tl.float32)
 
 
 @jit
@@ -100,14 +127,89 @@ def _rope_kernel(
 ):
     # One program rotates every q and k head of one token.
     t = tl.program_id(0).to(tl.int64)
-    pdl_prologue(USE_PDL)
     pos = tl.load(Pos + t).to(tl.int64)
-    offs_d = tl.arange(0, BLOCK_HALF)
-    mask_d = offs_d < HALF
-    cos = tl.load(Cache + pos * stride_c + offs_d, mask=mask_d, other=0.0).to(tl.float32)
-    sin = tl.load(Cache + pos * stride_c + HALF + offs_d, mask=mask_d, other=0.0).to(tl.float32)
-    _rotate_heads(Q + t * stride_qt, stride_qh, num_q_heads, cos, sin, HALF, BLOCK_HALF, BLOCK_HQ)
-    _rotate_heads(K + t * stride_kt, stride_kh, num_k_heads, cos, sin, HALF, BLOCK_HALF, BLOCK_HK)
+    cos, sin = _cos_sin(Cache, pos, stride_c, HALF, BLOCK_HALF)
+    pdl_prologue(USE_PDL)  # positions and the table are not written by the previous kernel
+    q1, q2, mask_q = _rotated_heads(
+        Q + t * stride_qt, stride_qh, num_q_heads, cos, sin, HALF, BLOCK_HALF, BLOCK_HQ
+    )
+    _store_heads(Q + t * stride_qt, stride_qh, q1, q2, mask_q, HALF, BLOCK_HALF, BLOCK_HQ)
+    k1, k2, mask_k = _rotated_heads(
+        K + t * stride_kt, stride_kh, num_k_heads, cos, sin, HALF, BLOCK_HALF, BLOCK_HK
+    )
+    _store_heads(K + t * stride_kt, stride_kh, k1, k2, mask_k, HALF, BLOCK_HALF, BLOCK_HK)
+
+
+@jit
+def _rope_store_kv_kernel(
+    Pos,
+    Q,
+    K,
+    V,
+    Cache,
+    KBuf,
+    VBuf,
+    Loc,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_c,
+    stride_kbs,
+    stride_kbh,
+    stride_vbs,
+    stride_vbh,
+    num_q_heads,
+    num_k_heads,
+    HEAD_DIM: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HK: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    # One program per token: q rotated in place; k rotated in place and into the pool at its
+    # slot; v copied into the pool.
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(Pos + t).to(tl.int64)
+    slot = tl.load(Loc + t).to(tl.int64)
+    cos, sin = _cos_sin(Cache, pos, stride_c, HALF, BLOCK_HALF)
+    pdl_prologue(USE_PDL)  # positions, slots and the table are not written by the previous kernel
+    q1, q2, mask_q = _rotated_heads(
+        Q + t * stride_qt, stride_qh, num_q_heads, cos, sin, HALF, BLOCK_HALF, BLOCK_HQ
+    )
+    _store_heads(Q + t * stride_qt, stride_qh, q1, q2, mask_q, HALF, BLOCK_HALF, BLOCK_HQ)
+    k1, k2, mask_k = _rotated_heads(
+        K + t * stride_kt, stride_kh, num_k_heads, cos, sin, HALF, BLOCK_HALF, BLOCK_HK
+    )
+    _store_heads(K + t * stride_kt, stride_kh, k1, k2, mask_k, HALF, BLOCK_HALF, BLOCK_HK)
+    _store_heads(KBuf + slot * stride_kbs, stride_kbh, k1, k2, mask_k, HALF, BLOCK_HALF, BLOCK_HK)
+    offs_h = tl.arange(0, BLOCK_HK)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_v = (offs_h[:, None] < num_k_heads) & (offs_d[None, :] < HEAD_DIM)
+    v = tl.load(V + t * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask_v)
+    v_dst = VBuf + slot * stride_vbs + offs_h[:, None] * stride_vbh + offs_d[None, :]
+    tl.store(v_dst, v.to(VBuf.dtype.element_ty), mask=mask_v)
+
+
+def _check(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor) -> None:
+    num_tokens, _, head_dim = q.shape
+    assert k.shape[0] == num_tokens and k.shape[2] == head_dim and positions.shape == (num_tokens,)
+    assert head_dim % 2 == 0 and cache.shape[1] == head_dim, "rotary_dim must be head_dim"
+    assert q.stride(2) == 1 and k.stride(2) == 1 and cache.stride(1) == 1
+
+
+def _head_blocks(q: torch.Tensor, k: torch.Tensor) -> dict[str, int]:
+    half = q.shape[2] // 2
+    return {
+        "HALF": half,
+        "BLOCK_HALF": next_power_of_2(half),
+        "BLOCK_HQ": next_power_of_2(q.shape[1]),
+        "BLOCK_HK": next_power_of_2(k.shape[1]),
+    }
 
 
 def rotary_embedding(
@@ -115,29 +217,56 @@ def rotary_embedding(
 ) -> None:
     """Triton version of `rotary_embedding_ref`: rotates q [T, H, D] and k [T, kvH, D] in place."""
     require_triton()
-    num_tokens, num_q_heads, head_dim = q.shape
-    assert k.shape[0] == num_tokens and k.shape[2] == head_dim and positions.shape == (num_tokens,)
-    assert head_dim % 2 == 0 and cos_sin_cache.shape[1] == head_dim, "rotary_dim must be head_dim"
-    assert q.stride(2) == 1 and k.stride(2) == 1 and cos_sin_cache.stride(1) == 1
+    _check(positions, q, k, cos_sin_cache)
+    if q.shape[0] == 0:
+        return
+    _rope_kernel[(q.shape[0],)](
+        *(positions, q, k, cos_sin_cache),
+        *q.stride()[:2],
+        *k.stride()[:2],
+        cos_sin_cache.stride(0),
+        q.shape[1],
+        k.shape[1],
+        **_head_blocks(q, k),
+        num_warps=4,
+        **pdl_launch_args(q.device),
+    )
+
+
+def rotary_store_kv(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    loc: torch.Tensor,
+) -> None:
+    """`rotary_embedding` and `store_kv.store_kv(k_buffer, v_buffer, loc, k, v)` in one kernel:
+    q and k are rotated in place and the rotated k and v are written at the slots `loc` (layouts
+    of store_kv.py)."""
+    require_triton()
+    _check(positions, q, k, cos_sin_cache)
+    num_tokens, _, head_dim = q.shape
+    assert v.shape == k.shape and v.stride(2) == 1 and loc.shape == (num_tokens,)
+    assert k_buffer.shape[1:] == k.shape[1:] and v_buffer.shape == k_buffer.shape
+    assert k_buffer.stride(2) == 1 and v_buffer.stride(2) == 1
     if num_tokens == 0:
         return
-    half = head_dim // 2
-    _rope_kernel[(num_tokens,)](
-        positions,
-        q,
-        k,
-        cos_sin_cache,
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
+    _rope_store_kv_kernel[(num_tokens,)](
+        *(positions, q, k, v, cos_sin_cache, k_buffer, v_buffer, loc),
+        *q.stride()[:2],
+        *k.stride()[:2],
+        *v.stride()[:2],
         cos_sin_cache.stride(0),
-        num_q_heads,
+        *k_buffer.stride()[:2],
+        *v_buffer.stride()[:2],
+        q.shape[1],
         k.shape[1],
-        HALF=half,
-        BLOCK_HALF=next_power_of_2(half),
-        BLOCK_HQ=next_power_of_2(num_q_heads),
-        BLOCK_HK=next_power_of_2(k.shape[1]),
+        HEAD_DIM=head_dim,
+        BLOCK_D=next_power_of_2(head_dim),
+        **_head_blocks(q, k),
         num_warps=4,
         **pdl_launch_args(q.device),
     )

@@ -1,8 +1,8 @@
 """The `AttentionBackend` seam: how a layer's attention reads and writes the paged KV pool.
 
 Call order per forward: `init_forward_metadata(batch)` once (index tensors, masks, workspaces), then
-`forward(q, k, v, layer, batch)` for every layer; `forward` stores the new K/V at
-`batch.out_cache_loc` and attends over the request's whole sequence.
+`forward(q, k, v, layer, batch, rotary)` for every layer; `forward` applies the rotary embedding,
+stores the new K/V at `batch.out_cache_loc` and attends over the request's whole sequence.
 
 CUDA graphs (decode only): `init_graph_state(max_bs)` allocates static metadata buffers once;
 `prepare_capture(bs, batch)` points the metadata at them before a capture; `prepare_replay(batch)`
@@ -19,6 +19,7 @@ import torch
 
 from radixlm.runtime.forward_batch import ForwardBatch
 from radixlm.runtime.mem.kv_pool import KVPool, ReqToTokenPool
+from radixlm.runtime.models.rotary import RotaryEmbedding
 
 
 class AttentionBackend(ABC):
@@ -41,9 +42,18 @@ class AttentionBackend(ABC):
     def init_forward_metadata(self, batch: ForwardBatch) -> None: ...
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: int,
+        batch: ForwardBatch,
+        rotary: RotaryEmbedding | None = None,
     ) -> torch.Tensor:
-        """q `[T, H, D]`, k/v `[T, kvH, D]` -> attention output `[T, H, D]`."""
+        """q `[T, H, D]`, k/v `[T, kvH, D]` -> attention output `[T, H, D]`; `rotary` (if given)
+        first rotates q and k at `batch.positions`."""
+        if rotary is not None:
+            q, k = rotary(batch.positions, q, k)
         self.kv_pool.store(layer, batch.out_cache_loc, k, v)
         if batch.is_decode:
             return self.forward_decode(q, layer, batch)

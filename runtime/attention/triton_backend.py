@@ -1,8 +1,10 @@
 """The `triton` attention backend (default on GPU): paged extend and split-KV decode kernels.
 
-  EXTEND: `store_kv` writes the new K/V into the pool, then `extend_attention` reads the cached
-          prefix from the pool and the new tokens from the contiguous k/v (causal among them).
-  DECODE: `store_kv`, then `decode_attention_fwd`: per KV split, one program reads each KV head
+  EXTEND: `store_kv` writes the new K/V into the pool (with the model's fused rotary embedding,
+          `rotary_store_kv` rotates q/k and stores in one kernel), then `extend_attention` reads
+          the cached prefix from the pool and the new tokens from the contiguous k/v (causal
+          among them).
+  DECODE: the same store, then `decode_attention_fwd`: per KV split, one program reads each KV head
           once for its whole GQA group; the last split program of each head block to finish
           merges the splits (one kernel; `arrivals` counts them and is left zeroed).
 The decode workspace `(mid_o, mid_lse)` is carved from one fp32 buffer: sized per batch in eager
@@ -24,10 +26,12 @@ from radixlm.kernels.decode_workspace import (
     decode_workspace_numel,
 )
 from radixlm.kernels.extend_attention import extend_attention
+from radixlm.kernels.rotary import rotary_store_kv
 from radixlm.kernels.store_kv import store_kv
 from radixlm.runtime.attention.base import AttentionBackend
 from radixlm.runtime.forward_batch import ForwardBatch
 from radixlm.runtime.mem.kv_pool import KVPool, ReqToTokenPool
+from radixlm.runtime.models.rotary import RotaryEmbedding
 
 
 @dataclass
@@ -77,10 +81,22 @@ class TritonAttnBackend(AttentionBackend):
         batch.attn_metadata = _DecodeMeta(*ws)
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: int,
+        batch: ForwardBatch,
+        rotary: RotaryEmbedding | None = None,
     ) -> torch.Tensor:
         k_buf, v_buf = self.kv_pool.k[layer], self.kv_pool.v[layer]
-        store_kv(k_buf, v_buf, batch.out_cache_loc, k, v)
+        if rotary is not None and rotary.fused:  # rotary and the K/V store in one kernel
+            cache, loc = rotary.cos_sin, batch.out_cache_loc
+            rotary_store_kv(batch.positions, q, k, v, cache, k_buf, v_buf, loc)
+        else:
+            if rotary is not None:
+                q, k = rotary(batch.positions, q, k)
+            store_kv(k_buf, v_buf, batch.out_cache_loc, k, v)
         if batch.is_decode:
             return self.forward_decode(q, layer, batch)
         return self.forward_extend(q, k, v, layer, batch)

@@ -120,7 +120,6 @@ class LlamaAttention(nn.Module):
 
     def forward(
         self,
-        positions: torch.Tensor,
         hidden: torch.Tensor,
         batch: ForwardBatch,
         rotary: RotaryEmbedding,
@@ -128,13 +127,13 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         t = hidden.shape[0]
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = rotary(positions, q, k)
         o = attn.forward(
             q.view(t, self.num_heads, self.head_dim),
             k.view(t, self.num_kv_heads, self.head_dim),
-            v.reshape(t, self.num_kv_heads, self.head_dim),
+            v.view(t, self.num_kv_heads, self.head_dim),
             self.layer_id,
             batch,
+            rotary,
         )
         return self.o_proj(o.reshape(t, self.q_size))
 
@@ -161,7 +160,6 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(
         self,
-        positions: torch.Tensor,
         hidden: torch.Tensor,
         residual: torch.Tensor | None,
         batch: ForwardBatch,
@@ -173,7 +171,7 @@ class LlamaDecoderLayer(nn.Module):
             hidden = self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, batch, rotary, attn)
+        hidden = self.self_attn(hidden, batch, rotary, attn)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
@@ -204,7 +202,7 @@ class LlamaForCausalLM(nn.Module):
         hidden = self.embed_tokens(batch.input_ids)
         residual = None
         for layer in self.layers:
-            hidden, residual = layer(batch.positions, hidden, residual, batch, self.rotary, attn)
+            hidden, residual = layer(hidden, residual, batch, self.rotary, attn)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 

@@ -35,7 +35,8 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
 
 
 class RotaryEmbedding(torch.nn.Module):
-    """Applies rotary embeddings to q `[T, H*D]` and k `[T, kvH*D]` at `positions` `[T]`."""
+    """Applies rotary embeddings to q `[T, H, D]` and k `[T, kvH, D]` (or flattened `[T, H*D]`)
+    at `positions` `[T]`; returns tensors of the input shapes."""
 
     def __init__(
         self, config: ModelConfig, max_positions: int, device: torch.device, fused: bool = False
@@ -69,7 +70,5 @@ class RotaryEmbedding(torch.nn.Module):
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int) -> torch.Tensor:
-    t = x.shape[0]
-    x = x.view(t, -1, head_dim)
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).view(t, -1)
+    x1, x2 = x.view(x.shape[0], -1, head_dim).chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).view(x.shape)

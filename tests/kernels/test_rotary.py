@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from radixlm.kernels._triton import HAS_TRITON
-from radixlm.kernels.rotary import build_cos_sin_cache, rotary_embedding, rotary_embedding_ref
+from radixlm.kernels.rotary import (
+    build_cos_sin_cache,
+    rotary_embedding,
+    rotary_embedding_ref,
+    rotary_store_kv,
+)
+from radixlm.kernels.store_kv import store_kv_ref
 
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 
@@ -65,3 +71,33 @@ def test_rotary_matches_reference(
     torch.testing.assert_close(q, q_ref, atol=atol, rtol=rtol)
     torch.testing.assert_close(k, k_ref, atol=atol, rtol=rtol)
     assert torch.equal(qkv[:, (num_heads + num_kv_heads) * head_dim :], v_before)  # v untouched
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "head_dim"), [(4, 4, 64), (8, 2, 128), (6, 1, 80)]
+)
+def test_rotary_store_kv_matches_reference(
+    device: str, dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int
+) -> None:
+    """The fused kernel equals rotary then store_kv: q/k rotated in place, k/v in the pool at
+    their slots, every other slot untouched."""
+    tokens, slots = 5, 16
+    qkv = torch.randn(tokens, (num_heads + 2 * num_kv_heads) * head_dim, device=device).to(dtype)
+    q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], 1)
+    q, k, v = (x.view(tokens, -1, head_dim) for x in (q, k, v))
+    positions = torch.tensor([3, 0, 17, 9, 63], device=device)
+    loc = torch.tensor([7, 2, 11, 15, 4], device=device)
+    cache = _cache(head_dim, 64, device)
+    k_buf = torch.randn(slots, num_kv_heads, head_dim, device=device).to(dtype)
+    v_buf = torch.randn(slots, num_kv_heads, head_dim, device=device).to(dtype)
+    q_ref, k_ref, k_buf_ref, v_buf_ref = q.clone(), k.clone(), k_buf.clone(), v_buf.clone()
+    rotary_embedding_ref(positions, q_ref, k_ref, cache)
+    store_kv_ref(k_buf_ref, v_buf_ref, loc, k_ref, v)
+    rotary_store_kv(positions, q, k, v, cache, k_buf, v_buf, loc)
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(q, q_ref, atol=atol, rtol=rtol)
+    torch.testing.assert_close(k, k_ref, atol=atol, rtol=rtol)
+    torch.testing.assert_close(k_buf, k_buf_ref, atol=atol, rtol=rtol)
+    assert torch.equal(v_buf, v_buf_ref)

@@ -1,6 +1,6 @@
 """The `triton` attention backend inside the real model equals the `torch` backend (the oracle):
 extend batches with and without cached prefixes, then decode steps, on a tiny random-weight
-Llama (runs on CPU in Triton's interpreter, on GPU natively)."""
+Llama (runs on CPU in Triton's interpreter, on GPU natively), also with the model's fused kernels."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import torch
 
 from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.model_runner import ModelRunner
+from radixlm.runtime.models.llama import Linear, RMSNorm
 from radixlm.runtime.models.loader import resolve_model
+from radixlm.runtime.models.rotary import RotaryEmbedding
 from radixlm.runtime.server_args import ServerArgs
 
 
@@ -24,6 +26,18 @@ def _runner(backend: str) -> ModelRunner:
         dtype="float32",
     )
     return ModelRunner(args, resolve_model("tiny-llama", "dummy"))
+
+
+def _fused_runner() -> ModelRunner:
+    """The triton runner with the model's GPU path: fused RMSNorm, activation, and the rotary
+    embedding fused with the K/V store (`rotary_store_kv`), run by Triton's interpreter on CPU."""
+    runner = _runner("triton")
+    model = runner.model
+    for module in model.modules():
+        if isinstance(module, (RMSNorm, Linear)):
+            module.fused = True
+    model.rotary = RotaryEmbedding(runner.config, runner.context_len, runner.device, fused=True)
+    return runner
 
 
 def _extend(runner: ModelRunner, rows, prefix_lens, tokens, slots) -> torch.Tensor:
@@ -75,6 +89,7 @@ def _decode(runner: ModelRunner, rows, positions, tokens, slots) -> torch.Tensor
 def test_triton_backend_matches_torch_backend(seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     runners = {name: _runner(name) for name in ("torch", "triton")}
+    runners["fused"] = _fused_runner()
     # Shuffled, non-contiguous slots per request row (as after evictions).
     perm = torch.randperm(511, generator=gen)[: 4 * 100] + 1
     slots = {r: perm[r * 100 : (r + 1) * 100] for r in range(4)}
@@ -93,5 +108,6 @@ def test_triton_backend_matches_torch_backend(seed: int) -> None:
                 _decode(runner, [0, 1, 2, 3], [p + step for p in positions], [5, 6, 7, 8], slots)
             )
         out[name] = [h1, h2, *steps]
-    for a, b in zip(out["torch"], out["triton"]):
-        torch.testing.assert_close(b, a, rtol=2e-4, atol=2e-4)
+    for name in ("triton", "fused"):
+        for a, b in zip(out["torch"], out[name]):
+            torch.testing.assert_close(b, a, rtol=2e-4, atol=2e-4)
