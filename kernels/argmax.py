@@ -64,9 +64,9 @@ def argmax_rows(x: torch.Tensor, block: int = 4096) -> torch.Tensor:
     require_triton()
     assert x.dim() == 2 and x.stride(1) == 1, "x must be [B, V] with a contiguous last dim"
     batch, vocab = x.shape
-    out = torch.zeros(batch, dtype=torch.int64, device=x.device)
     if batch == 0 or vocab == 0:
-        return out
+        return torch.zeros(batch, dtype=torch.int64, device=x.device)
+    out = torch.empty(batch, dtype=torch.int64, device=x.device)
     block = min(block, next_power_of_2(vocab))
     chunks = cdiv(vocab, block)
     maxes = torch.empty(batch, chunks, dtype=torch.float32, device=x.device)
