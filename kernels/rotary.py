@@ -111,40 +111,6 @@ def _rope_kernel(
     Pos,
     Q,
     K,
-    Cache,
-    stride_qt,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    stride_c,
-    num_q_heads,
-    num_k_heads,
-    HALF: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-    BLOCK_HQ: tl.constexpr,
-    BLOCK_HK: tl.constexpr,
-    USE_PDL: tl.constexpr,
-):
-    # One program rotates every q and k head of one token.
-    t = tl.program_id(0).to(tl.int64)
-    pos = tl.load(Pos + t).to(tl.int64)
-    cos, sin = _cos_sin(Cache, pos, stride_c, HALF, BLOCK_HALF)
-    pdl_prologue(USE_PDL)  # positions and the table are not written by the previous kernel
-    q1, q2, mask_q = _rotated_heads(
-        Q + t * stride_qt, stride_qh, num_q_heads, cos, sin, HALF, BLOCK_HALF, BLOCK_HQ
-    )
-    _store_heads(Q + t * stride_qt, stride_qh, q1, q2, mask_q, HALF, BLOCK_HALF, BLOCK_HQ)
-    k1, k2, mask_k = _rotated_heads(
-        K + t * stride_kt, stride_kh, num_k_heads, cos, sin, HALF, BLOCK_HALF, BLOCK_HK
-    )
-    _store_heads(K + t * stride_kt, stride_kh, k1, k2, mask_k, HALF, BLOCK_HALF, BLOCK_HK)
-
-
-@jit
-def _rope_store_kv_kernel(
-    Pos,
-    Q,
-    K,
     V,
     Cache,
     KBuf,
@@ -169,13 +135,15 @@ def _rope_store_kv_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_HQ: tl.constexpr,
     BLOCK_HK: tl.constexpr,
+    STORE_KV: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    # One program per token: q rotated in place; k rotated in place and into the pool at its
-    # slot; v copied into the pool.
+    # One program per token: q and k rotated in place; with STORE_KV the rotated k and v are
+    # also written into the pool at the token's slot (V, KBuf, VBuf, Loc unused otherwise).
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(Pos + t).to(tl.int64)
-    slot = tl.load(Loc + t).to(tl.int64)
+    if STORE_KV:
+        slot = tl.load(Loc + t).to(tl.int64)
     cos, sin = _cos_sin(Cache, pos, stride_c, HALF, BLOCK_HALF)
     pdl_prologue(USE_PDL)  # positions, slots and the table are not written by the previous kernel
     q1, q2, mask_q = _rotated_heads(
@@ -186,13 +154,15 @@ def _rope_store_kv_kernel(
         K + t * stride_kt, stride_kh, num_k_heads, cos, sin, HALF, BLOCK_HALF, BLOCK_HK
     )
     _store_heads(K + t * stride_kt, stride_kh, k1, k2, mask_k, HALF, BLOCK_HALF, BLOCK_HK)
-    _store_heads(KBuf + slot * stride_kbs, stride_kbh, k1, k2, mask_k, HALF, BLOCK_HALF, BLOCK_HK)
-    offs_h = tl.arange(0, BLOCK_HK)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_v = (offs_h[:, None] < num_k_heads) & (offs_d[None, :] < HEAD_DIM)
-    v = tl.load(V + t * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask_v)
-    v_dst = VBuf + slot * stride_vbs + offs_h[:, None] * stride_vbh + offs_d[None, :]
-    tl.store(v_dst, v.to(VBuf.dtype.element_ty), mask=mask_v)
+    if STORE_KV:
+        kb_row = KBuf + slot * stride_kbs
+        _store_heads(kb_row, stride_kbh, k1, k2, mask_k, HALF, BLOCK_HALF, BLOCK_HK)
+        offs_h = tl.arange(0, BLOCK_HK)
+        offs_d = tl.arange(0, BLOCK_D)
+        mask_v = (offs_h[:, None] < num_k_heads) & (offs_d[None, :] < HEAD_DIM)
+        v = tl.load(V + t * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask_v)
+        v_dst = VBuf + slot * stride_vbs + offs_h[:, None] * stride_vbh + offs_d[None, :]
+        tl.store(v_dst, v.to(VBuf.dtype.element_ty), mask=mask_v)
 
 
 def _check(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor) -> None:
@@ -202,14 +172,38 @@ def _check(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cache: tor
     assert q.stride(2) == 1 and k.stride(2) == 1 and cache.stride(1) == 1
 
 
-def _head_blocks(q: torch.Tensor, k: torch.Tensor) -> dict[str, int]:
-    half = q.shape[2] // 2
-    return {
-        "HALF": half,
-        "BLOCK_HALF": next_power_of_2(half),
-        "BLOCK_HQ": next_power_of_2(q.shape[1]),
-        "BLOCK_HK": next_power_of_2(k.shape[1]),
-    }
+def _launch(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    loc: torch.Tensor,
+    store_kv: bool,
+) -> None:
+    half, head_dim = q.shape[2] // 2, q.shape[2]
+    _rope_kernel[(q.shape[0],)](
+        *(positions, q, k, v, cache, k_buffer, v_buffer, loc),
+        *q.stride()[:2],
+        *k.stride()[:2],
+        *v.stride()[:2],
+        cache.stride(0),
+        *k_buffer.stride()[:2],
+        *v_buffer.stride()[:2],
+        q.shape[1],
+        k.shape[1],
+        HEAD_DIM=head_dim,
+        HALF=half,
+        BLOCK_HALF=next_power_of_2(half),
+        BLOCK_D=next_power_of_2(head_dim),
+        BLOCK_HQ=next_power_of_2(q.shape[1]),
+        BLOCK_HK=next_power_of_2(k.shape[1]),
+        STORE_KV=store_kv,
+        num_warps=4,
+        **pdl_launch_args(q.device),
+    )
 
 
 def rotary_embedding(
@@ -220,17 +214,8 @@ def rotary_embedding(
     _check(positions, q, k, cos_sin_cache)
     if q.shape[0] == 0:
         return
-    _rope_kernel[(q.shape[0],)](
-        *(positions, q, k, cos_sin_cache),
-        *q.stride()[:2],
-        *k.stride()[:2],
-        cos_sin_cache.stride(0),
-        q.shape[1],
-        k.shape[1],
-        **_head_blocks(q, k),
-        num_warps=4,
-        **pdl_launch_args(q.device),
-    )
+    # NOTE: without the store, k stands in for the unused V / pool arguments, positions for loc.
+    _launch(positions, q, k, k, cos_sin_cache, k, k, positions, store_kv=False)
 
 
 def rotary_store_kv(
@@ -248,25 +233,9 @@ def rotary_store_kv(
     of store_kv.py)."""
     require_triton()
     _check(positions, q, k, cos_sin_cache)
-    num_tokens, _, head_dim = q.shape
-    assert v.shape == k.shape and v.stride(2) == 1 and loc.shape == (num_tokens,)
+    assert v.shape == k.shape and v.stride(2) == 1 and loc.shape == (q.shape[0],)
     assert k_buffer.shape[1:] == k.shape[1:] and v_buffer.shape == k_buffer.shape
     assert k_buffer.stride(2) == 1 and v_buffer.stride(2) == 1
-    if num_tokens == 0:
+    if q.shape[0] == 0:
         return
-    _rope_store_kv_kernel[(num_tokens,)](
-        *(positions, q, k, v, cos_sin_cache, k_buffer, v_buffer, loc),
-        *q.stride()[:2],
-        *k.stride()[:2],
-        *v.stride()[:2],
-        cos_sin_cache.stride(0),
-        *k_buffer.stride()[:2],
-        *v_buffer.stride()[:2],
-        q.shape[1],
-        k.shape[1],
-        HEAD_DIM=head_dim,
-        BLOCK_D=next_power_of_2(head_dim),
-        **_head_blocks(q, k),
-        num_warps=4,
-        **pdl_launch_args(q.device),
-    )
+    _launch(positions, q, k, v, cos_sin_cache, k_buffer, v_buffer, loc, store_kv=True)
