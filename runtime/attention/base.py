@@ -52,12 +52,26 @@ class AttentionBackend(ABC):
     ) -> torch.Tensor:
         """q `[T, H, D]`, k/v `[T, kvH, D]` -> attention output `[T, H, D]`; `rotary` (if given)
         first rotates q and k at `batch.positions`."""
-        if rotary is not None:
-            q, k = rotary(batch.positions, q, k)
-        self.kv_pool.store(layer, batch.out_cache_loc, k, v)
+        q, k = self.rotate_and_store(q, k, v, layer, batch, rotary)
         if batch.is_decode:
             return self.forward_decode(q, layer, batch)
         return self.forward_extend(q, k, v, layer, batch)
+
+    def rotate_and_store(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: int,
+        batch: ForwardBatch,
+        rotary: RotaryEmbedding | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotary embedding of q and k, then the new K/V into the pool at `batch.out_cache_loc`;
+        returns the rotated (q, k)."""
+        if rotary is not None:
+            q, k = rotary(batch.positions, q, k)
+        self.kv_pool.store(layer, batch.out_cache_loc, k, v)
+        return q, k
 
     @abstractmethod
     def forward_extend(

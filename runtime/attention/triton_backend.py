@@ -80,26 +80,23 @@ class TritonAttnBackend(AttentionBackend):
         )
         batch.attn_metadata = _DecodeMeta(*ws)
 
-    def forward(
+    def rotate_and_store(
         self,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
         layer: int,
         batch: ForwardBatch,
-        rotary: RotaryEmbedding | None = None,
-    ) -> torch.Tensor:
-        k_buf, v_buf = self.kv_pool.k[layer], self.kv_pool.v[layer]
+        rotary: RotaryEmbedding | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        k_buf, v_buf, loc = self.kv_pool.k[layer], self.kv_pool.v[layer], batch.out_cache_loc
         if rotary is not None and rotary.fused:  # rotary and the K/V store in one kernel
-            cache, loc = rotary.cos_sin, batch.out_cache_loc
-            rotary_store_kv(batch.positions, q, k, v, cache, k_buf, v_buf, loc)
-        else:
-            if rotary is not None:
-                q, k = rotary(batch.positions, q, k)
-            store_kv(k_buf, v_buf, batch.out_cache_loc, k, v)
-        if batch.is_decode:
-            return self.forward_decode(q, layer, batch)
-        return self.forward_extend(q, k, v, layer, batch)
+            rotary_store_kv(batch.positions, q, k, v, rotary.cos_sin, k_buf, v_buf, loc)
+            return q, k
+        if rotary is not None:
+            q, k = rotary(batch.positions, q, k)
+        store_kv(k_buf, v_buf, loc, k, v)
+        return q, k
 
     def forward_extend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch
