@@ -277,8 +277,13 @@ def _check_misc(bench: Bench, dtypes: list[torch.dtype]) -> None:
         same = torch.equal(buf_k, ref_k) and torch.equal(buf_v, ref_v)
         return Row("check", "store_kv", 0.0 if same else 1.0, "diff", 0.0, None, "", same)
 
-    checks = [("rmsnorm", rms), ("rope", rope), ("bitmask", bitmask), ("argmax", argmax)]
-    for name, fn in [*checks, ("store_kv", store)]:
+    for name, fn in [
+        ("rmsnorm", rms),
+        ("rope", rope),
+        ("bitmask", bitmask),
+        ("argmax", argmax),
+        ("store_kv", store),
+    ]:
         bench.case("check", name, fn)
     _check_gemv(bench, dtype)
 
