@@ -309,18 +309,18 @@ def section_gemv(args: argparse.Namespace) -> None:
 
     cfg = ModelConfig.from_hf_dict(PRESETS[args.model])
     h, inter = cfg.hidden_size, cfg.intermediate_size
-    shapes = [
-        (h, cfg.q_size + 2 * cfg.kv_size),
-        (cfg.q_size, h),
-        (h, 2 * inter),  # gate_up as a plain projection (the engine keeps cuBLAS for it)
-        (inter, h),
-        (h, cfg.vocab_size),
+    shapes = [  # (in, out, gated: gate_up with the activation kernel after it)
+        (h, cfg.q_size + 2 * cfg.kv_size, False),
+        (cfg.q_size, h, False),
+        (h, inter, True),
+        (inter, h, False),
+        (h, cfg.vocab_size, False),
     ]
     layers = torch.nn.ModuleList()
     with torch.device("cuda"):
-        for k, n in shapes:
+        for k, n, gated in shapes:
             copies = max(2, -(-(512 << 20) // (n * k * 2)))  # >= 512 MiB: 10x the L2
-            layers.extend(Linear(k, n) for _ in range(copies))
+            layers.extend(Linear(k, n, gated_output=gated, fused=True) for _ in range(copies))
     layers.to(torch.bfloat16)
     for layer in layers:
         layer.weight.data.uniform_(-0.02, 0.02)
@@ -330,7 +330,7 @@ def section_gemv(args: argparse.Namespace) -> None:
     bw = RESULTS.setdefault("copy_bandwidth_gbs", copy_bandwidth_gbs())
     rows = {}
     for key, report in summary.items():
-        n, k = map(int, key.split("x"))
+        n, k = map(int, key.split("_")[0].split("x"))
         for r in report:
             gbs = {name: n * k * 2 / (r[name] * 1e-6) / 1e9 for name in ("cublas_us", "best_us")}
             row = rows[f"{key}_m{r['m']}"] = {

@@ -235,16 +235,21 @@ def _decode_stage1_kernel(
 
 
 def decode_block_config(
-    head_dim: int, group: int, dtype: torch.dtype = torch.bfloat16
+    head_dim: int, group: int, dtype: torch.dtype = torch.bfloat16, batch: int = 64
 ) -> tuple[int, int, int, int]:
-    """(BLOCK_H, BLOCK_N, num_warps, num_stages) of stage 1 for (head_dim, GQA group, dtype)."""
+    """(BLOCK_H, BLOCK_N, num_warps, num_stages) of stage 1 for (head_dim, GQA group, dtype,
+    batch size)."""
     block_h = min(64, max(16, next_power_of_2(group)))
     if interpreting() or not torch.cuda.is_available():
         return block_h, 32, 4, 1
     # H200, bf16, head_dim 128: BLOCK_N=128 / 2 stages reached 93-99% of copy bandwidth at
-    # batch 8-64 and was best or near-best at batch 1. Keep a K/V tile at <= 32 KB.
+    # batch 8-64 (a K/V tile of 32 KB). Below batch 16 the tile is halved: inside the real decode
+    # step at batch 1 that measured +1.2-2.7 % tokens/s at contexts of 256-2048 (likely because
+    # 128 KB of shared memory per program kept it from sharing SMs with the neighbouring kernels
+    # that PDL starts early), although alone at 32k context the larger tile streams better.
     row_bytes = next_power_of_2(head_dim) * torch.empty((), dtype=dtype).element_size()
-    block_n = max(16, min(128, (32 << 10) // row_bytes))
+    tile_bytes = (32 if batch >= 16 else 16) << 10
+    block_n = max(16, min(128, tile_bytes // row_bytes))
     return block_h, block_n, 4, 2
 
 
@@ -292,7 +297,7 @@ def decode_attention_fwd(
         return out
     group = num_heads // num_kv_heads
     block_h, block_n, num_warps, num_stages = config or decode_block_config(
-        head_dim, group, q.dtype
+        head_dim, group, q.dtype, batch
     )
     head_blocks = cdiv(group, block_h)
     block_d = max(16, next_power_of_2(head_dim))

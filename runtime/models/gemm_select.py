@@ -4,12 +4,12 @@ Run once on the GPU after the weights are loaded (before CUDA-graph capture). La
 by weight shape; for each group and each decode bucket (M = 1, 4, 8) one CUDA graph per candidate
 calls every layer of the group once, the way a decode step does: weights cold in L2 (one layer's
 weight is read once per step), launch overhead gone, consecutive kernels free to overlap through
-programmatic dependent launch. Candidates are cuBLAS (`forward_default`) and each
+programmatic dependent launch. Each candidate runs the layer's own forward (for Llama's gated
+gate_up, the matmul and then the activation kernel): cuBLAS, or the Triton GEMV with each
 `kernels.gemv.GEMV_CONFIGS` entry; a Triton config is kept only where it is clearly faster
-(>= 3 %), so that timing noise cannot flip a layer away from cuBLAS. Larger
-batches always use cuBLAS, and so do gated gate_up layers (cuBLAS, then the activation kernel):
-a GEMV with the activation in its epilogue won in isolation but not in the real step on the H200
-(docs/benchmarks.md, runs 7-9).
+(>= 3 %), so that timing noise cannot flip a layer away from cuBLAS. Larger batches always use
+cuBLAS. (A gate_up GEMV with the activation in its epilogue won in isolation but not in the real
+step on the H200, runs 7-9; the plain GEMV followed by the activation kernel won in both, run 15.)
 """
 
 from __future__ import annotations
@@ -63,10 +63,11 @@ def graph_time_ms(calls: list[Callable[[], Any]], device: torch.device) -> float
     return best
 
 
-def _impl(layer: torch.nn.Module, cfg: dict[str, Any]) -> Callable[[torch.Tensor], torch.Tensor]:
-    from radixlm.kernels.gemv import gemv
-
-    return functools.partial(gemv, w=layer.weight, **cfg)
+def _layer_ms(layers: list[torch.nn.Module], x: torch.Tensor, cfg: dict[str, Any] | None) -> float:
+    """Time of every layer's forward on x with the GEMV config `cfg` (None: cuBLAS)."""
+    for layer in layers:
+        layer.small_m_cfg = [cfg] * len(BUCKETS)
+    return graph_time_ms([functools.partial(layer, x) for layer in layers], x.device)
 
 
 def _choose(layers: list[torch.nn.Module], m: int) -> tuple[dict[str, Any] | None, dict[str, Any]]:
@@ -75,11 +76,11 @@ def _choose(layers: list[torch.nn.Module], m: int) -> tuple[dict[str, Any] | Non
 
     w = layers[0].weight
     x = torch.randn(m, w.shape[1], device=w.device, dtype=w.dtype)
-    base = graph_time_ms([functools.partial(lay.forward_default, x) for lay in layers], w.device)
+    base = _layer_ms(layers, x, None)
     best, best_ms = None, base
     for cfg in GEMV_CONFIGS:
         try:
-            ms = graph_time_ms([functools.partial(_impl(lay, cfg), x) for lay in layers], w.device)
+            ms = _layer_ms(layers, x, cfg)
         except Exception:  # a config that cannot run on this device is skipped
             logger.debug("GEMV config %s failed", cfg, exc_info=True)
             continue
@@ -96,17 +97,18 @@ def _choose(layers: list[torch.nn.Module], m: int) -> tuple[dict[str, Any] | Non
 
 
 def select_decode_gemms(model: torch.nn.Module, linear_cls: type) -> dict[str, Any]:
-    """Attach `small_m_impl` to every `linear_cls` module; returns a timing report per group."""
+    """Set `small_m_cfg` of every `linear_cls` module; returns a timing report per group."""
     groups: dict[tuple[Any, ...], list[torch.nn.Module]] = {}
     for module in model.modules():
-        if isinstance(module, linear_cls) and not module.gated_output:
-            groups.setdefault(tuple(module.weight.shape), []).append(module)
+        if isinstance(module, linear_cls):
+            key = (*module.weight.shape, module.gated_output)
+            groups.setdefault(key, []).append(module)
     summary: dict[str, Any] = {}
-    for (n, k), layers in groups.items():
+    for (n, k, gated), layers in groups.items():
         picked = [_choose(layers, m) for m in BUCKETS]
-        summary[f"{n}x{k}"] = [report for _, report in picked]
+        summary[f"{n}x{k}{'_gated' if gated else ''}"] = [report for _, report in picked]
         for layer in layers:
-            layer.small_m_impl = [None if cfg is None else _impl(layer, cfg) for cfg, _ in picked]
+            layer.small_m_cfg = [cfg for cfg, _ in picked]
     torch.cuda.empty_cache()
     logger.info("decode GEMM choices: %s", summary)
     return summary

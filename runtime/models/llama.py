@@ -25,9 +25,9 @@ class Linear(nn.Module):
 
     `gated_output`: W stacks Llama's gate and up projections ([2 * out_features, in]) and the
     layer returns `silu(gate) * up` ([.., out_features]); `fused` runs that activation as a Triton
-    kernel (GPU). `small_m_impl` (set on GPU by `gemm_select.select_decode_gemms` for layers
-    without a gated output) holds, per decode batch-size bucket, a faster kernel for this layer
-    taking the same x, or None to keep cuBLAS."""
+    kernel (GPU). `small_m_cfg` (set on GPU by `gemm_select.select_decode_gemms`) holds, per
+    decode batch-size bucket, the launch config of the Triton GEMV (`kernels.gemv`) that beat
+    cuBLAS for this layer, or None to keep cuBLAS."""
 
     def __init__(
         self,
@@ -44,20 +44,28 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(rows), requires_grad=False) if bias else None
         self.gated_output = gated_output
         self.fused = fused
-        self.small_m_impl: list | None = None
+        self.small_m_cfg: list[dict | None] | None = None
+
+    def gemv_cfg(self, m: int) -> dict | None:
+        """The Triton GEMV config picked for a batch of m rows, None for cuBLAS."""
+        bucket = None if self.small_m_cfg is None else bucket_of(m)
+        return None if bucket is None else self.small_m_cfg[bucket]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.small_m_impl is not None:
-            bucket = bucket_of(x.shape[0])
-            impl = None if bucket is None else self.small_m_impl[bucket]
-            if impl is not None:
-                y = impl(x)
-                return y if self.bias is None else y + self.bias
-        return self.forward_default(x)
+        cfg = self.gemv_cfg(x.shape[0])
+        if cfg is None:
+            return self.forward_default(x)
+        from radixlm.kernels.gemv import gemv
+
+        y = gemv(x, self.weight, **cfg)
+        return self._activate(y if self.bias is None else y + self.bias)
 
     def forward_default(self, x: torch.Tensor) -> torch.Tensor:
-        """The torch (cuBLAS) path, whatever `small_m_impl` holds."""
-        y = F.linear(x, self.weight, self.bias)
+        """The torch (cuBLAS) path, whatever `small_m_cfg` holds."""
+        return self._activate(F.linear(x, self.weight, self.bias))
+
+    def _activate(self, y: torch.Tensor) -> torch.Tensor:
+        """`silu(gate) * up` of a gated output, else y."""
         if not self.gated_output:
             return y
         if self.fused:

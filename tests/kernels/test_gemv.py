@@ -3,8 +3,6 @@ kernel against torch, and the Linear layer's use of a selected kernel."""
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
@@ -52,7 +50,22 @@ def test_pdl_is_off_off_cuda() -> None:
     assert pdl_launch_args(torch.device("cpu")) == {"USE_PDL": False}
 
 
-def test_linear_uses_the_selected_small_batch_kernel(device) -> None:
+@pytest.fixture
+def gemv_calls(monkeypatch) -> list[tuple[int, dict]]:
+    """(rows, config) of every `kernels.gemv.gemv` call made through the module."""
+    from radixlm.kernels import gemv as gv
+
+    calls: list[tuple[int, dict]] = []
+
+    def traced(x, w, **cfg):
+        calls.append((x.shape[0], cfg))
+        return gemv(x, w, **cfg)
+
+    monkeypatch.setattr(gv, "gemv", traced)
+    return calls
+
+
+def test_linear_uses_the_selected_small_batch_kernel(device, gemv_calls) -> None:
     from radixlm.runtime.models.llama import Linear
 
     layer = Linear(96, 40, bias=True).to(device)
@@ -60,17 +73,26 @@ def test_linear_uses_the_selected_small_batch_kernel(device) -> None:
     layer.bias.data.normal_()
     x = torch.randn(3, 96, device=device)
     expected = layer(x)  # no kernel selected: the torch path
-    calls = []
-
-    def traced(x, **kw):
-        calls.append(x.shape[0])
-        return gemv(x, **kw)
-
-    layer.small_m_impl = [None, functools.partial(traced, w=layer.weight, block_k=64), None]
+    cfg = {**PERSISTENT, "block_k": 64}
+    layer.small_m_cfg = [None, cfg, None]
     torch.testing.assert_close(layer(x), expected, rtol=1e-4, atol=1e-4)
-    assert calls == [3]
+    assert gemv_calls == [(3, cfg)]
     layer(x[:1])  # bucket 0 keeps the default path
-    assert calls == [3]
+    assert gemv_calls == [(3, cfg)]
+
+
+def test_gated_linear_uses_the_small_batch_kernel_then_the_activation(device, gemv_calls) -> None:
+    from radixlm.runtime.models.llama import Linear
+
+    layer = Linear(96, 40, gated_output=True, fused=True).to(device)
+    layer.weight.data.normal_()
+    x = torch.randn(1, 96, device=device)
+    expected = layer(x)  # cuBLAS, then the activation kernel
+    cfg = {**PLAIN, "block_k": 64}
+    layer.small_m_cfg = [cfg, None, None]
+    out = layer(x)
+    assert gemv_calls == [(1, cfg)] and out.shape == (1, 40)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
 
 
 def test_gated_linear_fused_activation_matches_torch(device) -> None:

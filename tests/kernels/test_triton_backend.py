@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from radixlm.kernels.gemv import GEMV_CONFIGS
 from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.model_runner import ModelRunner
 from radixlm.runtime.models.llama import Linear, RMSNorm
@@ -29,13 +30,17 @@ def _runner(backend: str) -> ModelRunner:
 
 
 def _fused_runner() -> ModelRunner:
-    """The triton runner with the model's GPU path: fused RMSNorm, activation, and the rotary
-    embedding fused with the K/V store (`rotary_store_kv`), run by Triton's interpreter on CPU."""
+    """The triton runner with the model's GPU path: fused RMSNorm, activation, the rotary
+    embedding fused with the K/V store (`rotary_store_kv`), and the small-batch GEMV for every
+    linear layer at decode, run by Triton's interpreter on CPU."""
     runner = _runner("triton")
     model = runner.model
+    gemv_cfg = {**GEMV_CONFIGS[0], "block_k": 64}
     for module in model.modules():
         if isinstance(module, (RMSNorm, Linear)):
             module.fused = True
+        if isinstance(module, Linear):
+            module.small_m_cfg = [gemv_cfg] * 3
     model.rotary = RotaryEmbedding(runner.config, runner.context_len, runner.device, fused=True)
     return runner
 
