@@ -136,6 +136,7 @@ def _runner_decode_tok_s(model: str, batch: int, ctx: int, steps: int = 200) -> 
     scheduler in between (what the GPU can do; the engine's rate over it is the host's share)."""
     import torch
 
+    from radixlm.kernels.decode_inputs import decode_inputs
     from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
     from radixlm.runtime.model_runner import ModelRunner
     from radixlm.runtime.models.loader import resolve_model
@@ -157,16 +158,14 @@ def _runner_decode_tok_s(model: str, batch: int, ctx: int, steps: int = 200) -> 
         slots = torch.arange(1 + b * (ctx + 1), 1 + (b + 1) * (ctx + 1), device=dev)
         runner.req_to_token.write(b, 0, slots)
     pos = torch.full((batch,), ctx, dtype=torch.int64, device=dev)
-    fb = ForwardBatch(
-        ForwardMode.DECODE,
-        batch,
-        torch.randint(0, runner.config.vocab_size, (batch,), device=dev),
-        pos,
-        runner.req_to_token.table[rows, pos].to(torch.int64),
-        rows,
-        pos + 1,
-        [ctx + 1] * batch,
-    )
+    ids = torch.randint(0, runner.config.vocab_size, (batch,), device=dev)
+    slots = runner.req_to_token.table[rows, pos].to(torch.int64)
+    # assembled in the graphs' static inputs, as the scheduler does (replay copies nothing)
+    inputs = decode_inputs(
+        torch.stack([rows, pos, ids]), None, slots, runner.req_to_token.table,
+        runner.decode_input_buffer(batch),
+    )  # fmt: skip
+    fb = ForwardBatch(ForwardMode.DECODE, batch, *inputs, [ctx + 1] * batch)
 
     def step() -> None:
         argmax(runner.compute_logits(runner.forward(fb)))

@@ -11,6 +11,7 @@ Modules (import the one you need; this package imports nothing, so `radixlm.kern
     rotary             neox-style rotary embedding, in place (alone or fused with the K/V store)
     activation         Llama's MLP activation silu(gate) * up
     argmax             two-stage row argmax (greedy sampling)
+    decode_inputs      a decode step's input columns and req_to_token entries, in one launch
     gemv               small-batch (decode) linear layer, picked per shape against cuBLAS
     testing            random paged batches and tolerances for tests/benchmarks
     bench_kernels      `radixlm bench kernels` (main(argv)); speed sections in bench_perf

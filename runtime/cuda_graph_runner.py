@@ -1,11 +1,13 @@
 """CUDA graphs for decode: one graph per batch size of a ladder, replayed with padding.
 
-Capture: static input buffers (`input_ids`, `positions`, `out_cache_loc`, `req_pool_indices`,
-`seq_lens`) sized for the largest batch; for each ladder size (largest first, all sharing one
-memory pool) the model's forward over views of those buffers is captured after a warm-up.
-Replay: the real batch is copied into the buffers, padded up to the next captured size with lanes
-that write the padding slot 0 and attend over nothing (seq_len 0), and the graph is replayed; the
-hidden states of the real rows are returned.
+Capture: one static int64 input buffer `inputs` of `[5, max_bs]` (rows `input_ids`, `positions`,
+`out_cache_loc`, `req_pool_indices`, `seq_lens`: `kernels.decode_inputs.DECODE_INPUT_ROWS`); for
+each ladder size (largest first, all sharing one memory pool) the model's forward over views of
+those buffers is captured after a warm-up.
+Replay: a batch assembled in place (its tensors are views of `inputs`, see `input_buffer`) is
+used as is, any other batch is copied in; the batch is padded up to the next captured size with
+lanes that write the padding slot 0 and attend over nothing (seq_len 0), and the graph is
+replayed; the hidden states of the real rows are returned.
 
 Ownership: belongs to the ModelRunner; the static buffers and graph outputs are overwritten by
 every replay, so callers must consume the returned tensor before the next forward.
@@ -18,6 +20,7 @@ import logging
 
 import torch
 
+from radixlm.kernels.decode_inputs import DECODE_INPUT_ROWS
 from radixlm.runtime.attention.base import AttentionBackend
 from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
 
@@ -38,12 +41,9 @@ class CudaGraphRunner:
         self.device = device
         self.sizes = batch_size_ladder(max_bs)
         self.max_bs = self.sizes[-1]
-        n = self.max_bs
-        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
-        self.out_cache_loc = torch.zeros(n, dtype=torch.int64, device=device)
-        self.req_pool_indices = torch.zeros(n, dtype=torch.int64, device=device)
-        self.seq_lens = torch.zeros(n, dtype=torch.int64, device=device)
+        rows = len(DECODE_INPUT_ROWS)
+        self.inputs = torch.zeros(rows, self.max_bs, dtype=torch.int64, device=device)
+        self.seq_lens = self.inputs[DECODE_INPUT_ROWS.index("seq_lens")]
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.batches: dict[int, ForwardBatch] = {}
@@ -51,16 +51,8 @@ class CudaGraphRunner:
         self._capture_all()
 
     def _static_batch(self, bs: int) -> ForwardBatch:
-        return ForwardBatch(
-            mode=ForwardMode.DECODE,
-            batch_size=bs,
-            input_ids=self.input_ids[:bs],
-            positions=self.positions[:bs],
-            out_cache_loc=self.out_cache_loc[:bs],
-            req_pool_indices=self.req_pool_indices[:bs],
-            seq_lens=self.seq_lens[:bs],
-            seq_lens_cpu=[1] * bs,
-        )
+        views = dict(zip(DECODE_INPUT_ROWS, self.inputs[:, :bs]))
+        return ForwardBatch(ForwardMode.DECODE, bs, **views, seq_lens_cpu=[1] * bs)
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
@@ -89,22 +81,29 @@ class CudaGraphRunner:
     def can_run(self, batch: ForwardBatch) -> bool:
         return batch.is_decode and batch.batch_size <= self.max_bs
 
+    def input_buffer(self, bs: int) -> torch.Tensor:
+        """`[5, bs]` view of the static inputs: a batch assembled there is replayed without
+        copies. Write it on the compute stream: the graphs read it when they run."""
+        assert bs <= self.max_bs
+        return self.inputs[:, :bs]
+
+    def _assembled_in_place(self, batch: ForwardBatch) -> bool:
+        return all(
+            getattr(batch, name).data_ptr() == row.data_ptr()
+            for name, row in zip(DECODE_INPUT_ROWS, self.inputs)
+        )
+
     @torch.inference_mode()
     def replay(self, batch: ForwardBatch) -> torch.Tensor:
         """Hidden states `[batch_size, hidden]` of a decode batch (a view of static memory)."""
         bs = batch.batch_size
         size = self.sizes[bisect.bisect_left(self.sizes, bs)]
-        self.input_ids[:bs].copy_(batch.input_ids)
-        self.positions[:bs].copy_(batch.positions)
-        self.out_cache_loc[:bs].copy_(batch.out_cache_loc)
-        self.req_pool_indices[:bs].copy_(batch.req_pool_indices)
-        self.seq_lens[:bs].copy_(batch.seq_lens)
+        if not self._assembled_in_place(batch):
+            for name, row in zip(DECODE_INPUT_ROWS, self.inputs):
+                row[:bs].copy_(getattr(batch, name))
         if size > bs:
-            self.input_ids[bs:size].zero_()
-            self.positions[bs:size].zero_()
-            self.out_cache_loc[bs:size].zero_()  # the padding slot
-            self.req_pool_indices[bs:size].zero_()
-            self.seq_lens[bs:size].zero_()  # attend over nothing
+            # the padding slot 0 (out_cache_loc), attend over nothing (seq_len 0)
+            self.inputs[:, bs:size].zero_()
         self.attn.prepare_replay(self.batches[size])
         self.graphs[size].replay()
         return self.outputs[size][:bs]

@@ -13,6 +13,7 @@ import os
 import psutil
 import torch
 
+from radixlm.kernels.decode_inputs import DECODE_INPUT_ROWS
 from radixlm.runtime.attention.base import AttentionBackend
 from radixlm.runtime.forward_batch import ForwardBatch
 from radixlm.runtime.mem.kv_pool import KVPool, ReqToTokenPool
@@ -172,6 +173,14 @@ class ModelRunner:
         if batch.logits_indices is not None:
             hidden = hidden.index_select(0, batch.logits_indices)
         return hidden
+
+    def decode_input_buffer(self, bs: int) -> torch.Tensor:
+        """Where a decode batch of `bs` requests assembles its inputs (`[5, bs]` int64, rows as
+        `kernels.decode_inputs.DECODE_INPUT_ROWS`): the CUDA graphs' static inputs when a graph
+        will run the batch (replay then copies nothing), else a new tensor."""
+        if self.graphs is not None and bs <= self.graphs.max_bs:
+            return self.graphs.input_buffer(bs)
+        return torch.empty(len(DECODE_INPUT_ROWS), bs, dtype=torch.int64, device=self.device)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -29,10 +29,11 @@ from typing import NamedTuple
 import torch
 
 from radixlm.runtime.forward_batch import ForwardMode
+from radixlm.runtime.host_transfer import HostTransfer
 from radixlm.runtime.sampling.sampler import sample
 from radixlm.runtime.sampling.sampling_batch import SamplingBatch, needs_processor
 from radixlm.runtime.scheduler.req import Req
-from radixlm.runtime.scheduler.schedule_batch import ScheduleBatch, prepare_decode, to_device
+from radixlm.runtime.scheduler.schedule_batch import ScheduleBatch, prepare_decode
 
 
 class InFlightDecode(NamedTuple):
@@ -46,6 +47,7 @@ class OverlapDecode:
     """Mixed into `Scheduler` (uses its args, queues, pools, runner and stats)."""
 
     inflight: InFlightDecode | None
+    transfer: HostTransfer
 
     def overlap_eligible(self, reqs: list[Req]) -> bool:
         if self.args.disable_overlap_schedule or self.waiting or self.chunked_req is not None:
@@ -68,22 +70,18 @@ class OverlapDecode:
         self, batch: ScheduleBatch, input_ids: torch.Tensor | None = None
     ) -> InFlightDecode:
         """Prepare, run and sample a greedy decode step without reading its tokens."""
-        fb = prepare_decode(batch, self.allocator, self.cache, self.device, input_ids)
+        inputs = self.runner.decode_input_buffer(len(batch.reqs))
+        fb = prepare_decode(batch, self.allocator, self.cache, self.transfer, inputs, input_ids)
         hidden = self.runner.forward(fb)
         self.forward_ct += 1
         for req in batch.reqs:
             req.computed += 1
         logits = self.runner.compute_logits(hidden)
         next_ids = sample(logits, SamplingBatch.greedy_only(len(batch.reqs))).next_token_ids
-        if not next_ids.is_cuda:
-            return InFlightDecode(batch, next_ids, next_ids, None)
-        # NOTE: the copy to the host is queued right behind this step: reading the tokens must
-        # not wait for the step launched after it (a plain .tolist() would).
-        host = torch.empty(next_ids.shape, dtype=next_ids.dtype, pin_memory=True)
-        host.copy_(next_ids, non_blocking=True)
-        copied = torch.cuda.Event()
-        copied.record()
-        return InFlightDecode(batch, next_ids, host, copied)
+        # NOTE: the copy to the host is queued right behind this step (on its own stream):
+        # reading the tokens must not wait for the step launched after it (.tolist() would).
+        host_ids, copied = self.transfer.to_host(next_ids)
+        return InFlightDecode(batch, next_ids, host_ids, copied)
 
     def step_inflight(self) -> None:
         """Launch the step after the in-flight one when still eligible, then process the
@@ -105,7 +103,7 @@ class OverlapDecode:
         if reqs and everyone and self.overlap_eligible(reqs):
             ids = flight.next_ids
             if len(keep) != len(flight.batch.reqs):
-                ids = ids.index_select(0, to_device(keep, ids.device))
+                ids = ids.index_select(0, self.transfer.to_device(keep))
             ahead = self.launch_decode(ScheduleBatch(reqs, ForwardMode.DECODE), ids)
             self.stats["overlapped_steps"] += 1
         self.process_decode(flight)

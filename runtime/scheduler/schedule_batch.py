@@ -17,7 +17,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from radixlm.kernels._triton import HAS_TRITON
+from radixlm.kernels.decode_inputs import decode_inputs, decode_inputs_ref
 from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
+from radixlm.runtime.host_transfer import HostTransfer
 from radixlm.runtime.mem.kv_pool import SlotAllocator
 from radixlm.runtime.mem.prefix_cache import PrefixCache
 from radixlm.runtime.scheduler.req import Req
@@ -42,16 +45,6 @@ class ScheduleBatch:
     @property
     def sampling_reqs(self) -> list[Req]:
         return [r for r, row in zip(self.reqs, self.sample_rows) if row >= 0]
-
-
-def to_device(values: list, device: torch.device) -> torch.Tensor:
-    """int64 tensor of `values` on `device` without waiting for the stream.
-
-    # NOTE: a copy from pageable host memory first synchronises the stream, which would stall an
-    # overlapped launch until the in-flight step ends; from pinned memory it is asynchronous.
-    """
-    host = torch.tensor(values, dtype=torch.int64, pin_memory=device.type == "cuda")
-    return host.to(device, non_blocking=True)
 
 
 def alloc_slots(n: int, allocator: SlotAllocator, cache: PrefixCache) -> torch.Tensor:
@@ -126,11 +119,16 @@ def prepare_decode(
     batch: ScheduleBatch,
     allocator: SlotAllocator,
     cache: PrefixCache,
-    device: torch.device,
+    transfer: HostTransfer,
+    inputs: torch.Tensor,
     input_ids: torch.Tensor | None = None,
 ) -> ForwardBatch:
     """One new token per request at position `computed`; its id is the request's last token,
-    or row i of `input_ids` (device tensor: tokens not read back yet, see overlap.py)."""
+    or row i of `input_ids` (device tensor: tokens not read back yet, see overlap.py).
+
+    The step's tensors are assembled on the device into `inputs` (`[5, >= B]` int64, rows as
+    `kernels.decode_inputs.DECODE_INPUT_ROWS`; the runner's `decode_input_buffer`) by one kernel,
+    which also writes the new slots into `req_to_token`."""
     reqs = batch.reqs
     slots = alloc_slots(len(reqs), allocator, cache)
     positions = [r.computed for r in reqs]
@@ -138,23 +136,21 @@ def prepare_decode(
     if input_ids is None:
         cols.append([r.last_token for r in reqs])
     # NOTE: one host-to-device copy for the per-request columns (decode is latency-bound).
-    cols_t = to_device(cols, device)
-    rows_t, pos_t = cols_t[0], cols_t[1]
-    ids_t = cols_t[2] if input_ids is None else input_ids
-    cache.req_to_token.table[rows_t, pos_t] = slots.to(torch.int32)
+    assemble = decode_inputs if HAS_TRITON and slots.is_cuda else decode_inputs_ref
+    assemble(transfer.to_device(cols), input_ids, slots, cache.req_to_token.table, inputs)
     for r in reqs:
         r.extend_len = 1
     batch.sample_rows = list(range(len(reqs)))
-    seq_lens = [p + 1 for p in positions]
+    ids, pos, loc, rows, seq_lens = inputs[:, : len(reqs)]
     return ForwardBatch(
         mode=ForwardMode.DECODE,
         batch_size=len(reqs),
-        input_ids=ids_t,
-        positions=pos_t,
-        out_cache_loc=slots,
-        req_pool_indices=rows_t,
-        seq_lens=pos_t + 1,
-        seq_lens_cpu=seq_lens,
+        input_ids=ids,
+        positions=pos,
+        out_cache_loc=loc,
+        req_pool_indices=rows,
+        seq_lens=seq_lens,
+        seq_lens_cpu=[p + 1 for p in positions],
         logits_indices=None,
     )
 

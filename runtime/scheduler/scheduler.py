@@ -33,6 +33,7 @@ import zmq
 from radixlm.runtime import io
 from radixlm.runtime.constrained.setup import make_grammar_manager
 from radixlm.runtime.forward_batch import ForwardMode
+from radixlm.runtime.host_transfer import HostTransfer
 from radixlm.runtime.ipc import PortArgs, TypedReceiver, pull_socket, push_socket, send
 from radixlm.runtime.mem.radix_cache import make_prefix_cache
 from radixlm.runtime.model_runner import ModelRunner
@@ -69,6 +70,7 @@ class Scheduler(RequestIntake, OverlapDecode, SchedulerInfo):
         self.runner = ModelRunner(args, source)
         self.config = source.config
         self.device = self.runner.device
+        self.transfer = HostTransfer(self.device)
         self.tokenizer = load_server_tokenizer(args, source.gguf)
         self.eos_ids = tuple(self.config.eos_token_id)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
@@ -253,7 +255,8 @@ class Scheduler(RequestIntake, OverlapDecode, SchedulerInfo):
                 if self.overlap_eligible(batch.reqs):
                     self.inflight = self.launch_decode(batch)  # read by the next iteration
                     return
-                fb = prepare_decode(batch, self.allocator, self.cache, self.device)
+                inputs = self.runner.decode_input_buffer(len(batch.reqs))
+                fb = prepare_decode(batch, self.allocator, self.cache, self.transfer, inputs)
             except OutOfSlotsError:  # a single request filled the pool: it cannot grow
                 for req in batch.reqs:
                     req.finished_reason = {"type": "length", "length": len(req.output_ids)}
