@@ -277,12 +277,29 @@ def _check_misc(bench: Bench, dtypes: list[torch.dtype]) -> None:
         same = torch.equal(buf_k, ref_k) and torch.equal(buf_v, ref_v)
         return Row("check", "store_kv", 0.0 if same else 1.0, "diff", 0.0, None, "", same)
 
+    def step_inputs() -> Row:
+        """decode_inputs at the largest captured batch, into a wider buffer (as the graphs')."""
+        from radixlm.kernels import decode_inputs as di
+
+        bs, rows, ctx = (7, 16, 64) if bench.tiny else (512, 1024, 32768)
+        req_rows = torch.randperm(rows, device=dev)[:bs]
+        cols = torch.stack([req_rows, *torch.randint(0, ctx, (2, bs), device=dev)])
+        slots = torch.randperm(1 << 20, device=dev)[:bs] + 1
+        got = []
+        for fn in (di.decode_inputs, di.decode_inputs_ref):
+            table = torch.zeros(rows, ctx, dtype=torch.int32, device=dev)
+            out = torch.full((5, bs + 8), -1, dtype=torch.int64, device=dev)
+            got.append((fn(cols, None, slots, table, out[:, :bs]), table))
+        same = all(torch.equal(a, b) for a, b in zip(*got))
+        return Row("check", "decode_inputs", 0.0 if same else 1.0, "diff", 0.0, None, "", same)
+
     for name, fn in [
         ("rmsnorm", rms),
         ("rope", rope),
         ("bitmask", bitmask),
         ("argmax", argmax),
         ("store_kv", store),
+        ("decode_inputs", step_inputs),
     ]:
         bench.case("check", name, fn)
     _check_gemv(bench, dtype)
