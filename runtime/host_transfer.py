@@ -5,7 +5,8 @@ sampled tokens back. Queued on the compute stream, every such copy would sit bet
 a copy engine starts several microseconds after the kernel before it ends. On CUDA each direction
 has its own stream instead:
     `to_device`: pinned host tensor -> device on the H2D stream; the compute stream waits for it
-        (issued while the previous step computes, it is long done when the wait is reached);
+        (issued while the previous step computes, it is long done when the wait is reached; a
+        copy from pageable memory would first synchronise with the device);
     `to_host`: device -> pinned host on the D2H stream, after everything queued so far on the
         compute stream; the returned event tells when the host tensor is valid, and the next step
         on the compute stream does not wait for the copy.
