@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import os
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+# NOTE: `AutoTokenizer` is imported where used: it pulls in torch (~2 s per process), which the
+# GGUF path, the main process and the detokenizer otherwise never need.
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.models.default_model import default_model_path
@@ -22,7 +24,8 @@ _CONTROL, _USER_DEFINED = 3, 4
 def load_server_tokenizer(
     args: ServerArgs, gguf: GGUFFile | None = None
 ) -> PreTrainedTokenizerBase | None:
-    """The tokenizer an engine with `args` uses (None with `skip_tokenizer_init`). Imports no torch."""
+    """The tokenizer an engine with `args` uses (None with `skip_tokenizer_init`). From a GGUF (the
+    default model) this imports no torch; from an HF folder `AutoTokenizer` does."""
     if args.skip_tokenizer_init:
         return None
     path = args.tokenizer_path or args.model_path or default_model_path()
@@ -41,12 +44,16 @@ def load_tokenizer(path: str, gguf: GGUFFile | None = None) -> PreTrainedTokeniz
         path = os.path.dirname(path)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"tokenizer path {path!r} is not a directory")
+    from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
 def tokenizer_from_gguf(gguf: GGUFFile) -> PreTrainedTokenizerBase:
     md = gguf.metadata
     if md.get("tokenizer.ggml.model") != "gpt2":
+        from transformers import AutoTokenizer
+
         folder, name = os.path.split(gguf.path)
         return AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # NOTE: the tokenizer manager imports this module and never needs torch
+    import torch
 
 CONSTRAINT_KINDS = ("regex", "json_schema", "choices", "ebnf")
 

@@ -4,7 +4,6 @@ Llama (runs on CPU in Triton's interpreter, on GPU natively), also with the mode
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from radixlm.kernels.gemv import GEMV_CONFIGS
@@ -35,7 +34,7 @@ def _fused_runner() -> ModelRunner:
     linear layer at decode, run by Triton's interpreter on CPU."""
     runner = _runner("triton")
     model = runner.model
-    gemv_cfg = {**GEMV_CONFIGS[0], "block_k": 64}
+    gemv_cfg = {**GEMV_CONFIGS[0], "block_n": 16, "block_k": 64}  # few interpreted programs
     for module in model.modules():
         if isinstance(module, (RMSNorm, Linear)):
             module.fused = True
@@ -90,9 +89,8 @@ def _decode(runner: ModelRunner, rows, positions, tokens, slots) -> torch.Tensor
     return runner.forward(fb)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_triton_backend_matches_torch_backend(seed: int) -> None:
-    gen = torch.Generator().manual_seed(seed)
+def test_triton_backend_matches_torch_backend() -> None:
+    gen = torch.Generator().manual_seed(0)
     runners = {name: _runner(name) for name in ("torch", "triton")}
     runners["fused"] = _fused_runner()
     # Shuffled, non-contiguous slots per request row (as after evictions).

@@ -1,4 +1,5 @@
-"""`radixlm.lang` and the interpreter's public API import without torch or the runtime."""
+"""`radixlm.lang` and the interpreter's public API import without torch or the runtime; the engine's own
+process loads the default tokenizer without torch."""
 
 from __future__ import annotations
 
@@ -11,5 +12,19 @@ def test_language_imports_without_torch():
         "import sys, radixlm.interpreter.api, radixlm.lang.tracer, radixlm.interpreter.html\n"
         "heavy = [m for m in ('torch', 'transformers', 'radixlm.runtime', 'IPython') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_engine_process_loads_the_default_tokenizer_without_torch():
+    """Only the scheduler needs torch: the user's process (engine, tokenizer manager, HTTP server)
+    and the detokenizer skip its ~2 s import (with three processes starting on two cores, the
+    scheduler's start-up is what everyone waits for)."""
+    code = (
+        "import sys, radixlm.runtime.engine, radixlm.runtime.server.app, radixlm.runtime.detokenizer\n"
+        "from radixlm.runtime.server_args import ServerArgs\n"
+        "from radixlm.runtime.tokenizer import load_server_tokenizer\n"
+        "assert load_server_tokenizer(ServerArgs()).encode('Hello') == [19556]\n"
+        "assert 'torch' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
