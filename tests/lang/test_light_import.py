@@ -1,5 +1,5 @@
-"""`radixlm.lang` and the interpreter's public API import without torch or the runtime; the engine's own
-process loads the default tokenizer without torch."""
+"""`radixlm.lang` and the interpreter's public API import without torch or the runtime; the
+engine's own process loads the default tokenizer without torch."""
 
 from __future__ import annotations
 
