@@ -104,6 +104,35 @@ def time_graph_ms(fns: list[Callable[[], Any]]) -> float:
     return time_ms(graph.replay) / len(fns)
 
 
+def time_graph_stream_ms(
+    fns: list[Callable[[], Any]], min_calls: int = 64, reps: int = 10
+) -> float:
+    """Best-of-3 mean ms per call of `fns`, cycled to >= `min_calls` calls in one CUDA graph and
+    replayed `reps` times back to back between two events: a kernel's steady state as the decode
+    step runs it. Unlike `time_graph_ms` no L2 flush (whose dirty lines the timed kernel would
+    write back) and no graph launch falls inside the timed calls; `fns` must cycle through more
+    data than L2 holds."""
+    calls = fns * -(-min_calls // len(fns))
+    for fn in fns:
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in calls:
+            fn()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = math.inf
+    for _ in range(3):
+        start.record()
+        for _ in range(reps):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / reps / len(calls))
+    return best
+
+
 def _err(a: torch.Tensor, b: torch.Tensor) -> float:
     if torch.isnan(a).any():
         return math.inf

@@ -21,16 +21,21 @@ def choose_num_kv_splits(
     max_seq_len: int,
     num_kv_heads: int,
     num_sms: int | None = None,
-    min_split_len: int = 256,
+    min_split_len: int = 128,
     max_splits: int = 32,
 ) -> int:
-    """Heuristic number of KV splits: about 8 programs per SM, splits >= min_split_len tokens.
-
-    Capped at `max_splits` (32: on H200, bf16, batch 1 at 32k context, 32 splits beat 64).
+    """Heuristic number of KV splits: about 4 programs per SM up to batch 8 and 8 above, splits
+    >= min_split_len tokens, capped at `max_splits`.
 
     Rounded down to a power of two (fewer distinct values to capture, and it measured better
     than odd counts on H200). Pure python, no device sync: use it for a CUDA graph's fixed
     `max_kv_splits` too (with the graph's batch size and the longest context it may see).
+
+    # NOTE: from a split sweep on the H200 (bf16, 8 KV heads, contexts 1k-32k, docs/benchmarks.md
+    # run 18): up to batch 8 the best counts gave ~512 programs (batch 8 at 4k: 8 splits 81 % of
+    # copy bandwidth, 16 splits 74 %); from batch 12 up fewer than ~8 per SM starved the GPU
+    # (batch 32 at 4k: 4 splits 94 %, 2 splits 84 %). Splits of 128 tokens beat 256 at batch
+    # 1-8 and contexts of 1k-4k.
     """
     if num_sms is None:
         num_sms = 132
@@ -38,7 +43,8 @@ def choose_num_kv_splits(
             props = torch.cuda.get_device_properties(torch.cuda.current_device())
             num_sms = props.multi_processor_count
     programs = max(1, batch_size * num_kv_heads)
-    for_occupancy = cdiv(8 * num_sms, programs)
+    per_sm = 4 if batch_size <= 8 else 8
+    for_occupancy = cdiv(per_sm * num_sms, programs)
     for_length = cdiv(max(1, max_seq_len), min_split_len)
     splits = max(1, min(for_occupancy, for_length, max_splits, MAX_KV_SPLITS))
     return 1 << (splits.bit_length() - 1)

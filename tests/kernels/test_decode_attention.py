@@ -92,15 +92,18 @@ def test_decode_equals_extend_of_one_token(device: str) -> None:
 
 
 def test_choose_num_kv_splits() -> None:
-    # Short sequences: one split per min_split_len (256) tokens, rounded down to a power of two.
+    # Short sequences: one split per min_split_len (128) tokens, rounded down to a power of two.
     assert choose_num_kv_splits(1, 100, 8, num_sms=132) == 1
-    assert choose_num_kv_splits(1, 1024, 8, num_sms=132) == 4
-    assert choose_num_kv_splits(1, 4096, 8, num_sms=132) == 16
-    # Long sequence, one request: ~8 programs per SM, capped at 32 splits by default.
+    assert choose_num_kv_splits(1, 1024, 8, num_sms=132) == 8
+    assert choose_num_kv_splits(1, 4096, 8, num_sms=132) == 32
+    # Long sequence, one request: capped at 32 splits by default.
     assert choose_num_kv_splits(1, 32768, 8, num_sms=132) == 32
-    assert choose_num_kv_splits(1, 32768, 8, num_sms=132, max_splits=MAX_KV_SPLITS) == 128
-    # Medium and large batches: the batch fills the GPU, few splits.
-    assert choose_num_kv_splits(8, 32768, 8, num_sms=132) == 16
+    assert choose_num_kv_splits(1, 32768, 8, num_sms=132, max_splits=MAX_KV_SPLITS) == 64
+    # Up to batch 8 ~4 programs per SM, then ~8: the batch fills the GPU, few splits.
+    assert choose_num_kv_splits(4, 32768, 8, num_sms=132) == 16
+    assert choose_num_kv_splits(8, 32768, 8, num_sms=132) == 8
+    assert choose_num_kv_splits(12, 32768, 8, num_sms=132) == 8
+    assert choose_num_kv_splits(32, 4096, 8, num_sms=132) == 4
     assert choose_num_kv_splits(64, 32768, 8, num_sms=132) == 2
     assert choose_num_kv_splits(256, 32768, 8, num_sms=132) == 1
     for bs in (1, 3, 64):
