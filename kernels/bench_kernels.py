@@ -88,31 +88,9 @@ def time_ms(fn: Callable[[], Any]) -> float:
         return float(triton.testing.do_bench(fn, warmup=25, rep=100, quantiles=[0.5])[0])
 
 
-def time_graph_ms(fns: list[Callable[[], Any]]) -> float:
-    """Median ms per call of `fns` (run in order) replayed as one CUDA graph.
-
-    This is how the runtime runs decode steps: no Python/launch overhead. Several calls on
-    different data (e.g. one per layer) keep a small problem from being served out of L2.
-    """
-    for fn in fns:  # compile and warm up outside the capture
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in fns:
-            fn()
-    return time_ms(graph.replay) / len(fns)
-
-
-def time_graph_stream_ms(
-    fns: list[Callable[[], Any]], min_calls: int = 64, reps: int = 10
-) -> float:
-    """Best-of-3 mean ms per call of `fns`, cycled to >= `min_calls` calls in one CUDA graph and
-    replayed `reps` times back to back between two events: a kernel's steady state as the decode
-    step runs it. Unlike `time_graph_ms` no L2 flush (whose dirty lines the timed kernel would
-    write back) and no graph launch falls inside the timed calls; `fns` must cycle through more
-    data than L2 holds."""
-    calls = fns * -(-min_calls // len(fns))
+def _capture(fns: list[Callable[[], Any]], calls: list[Callable[[], Any]]) -> torch.cuda.CUDAGraph:
+    """`calls` captured as one CUDA graph, after each of `fns` ran once outside the capture
+    (compile and warm up)."""
     for fn in fns:
         fn()
     torch.cuda.synchronize()
@@ -120,6 +98,28 @@ def time_graph_stream_ms(
     with torch.cuda.graph(graph):
         for fn in calls:
             fn()
+    return graph
+
+
+def time_graph_ms(fns: list[Callable[[], Any]]) -> float:
+    """Median ms per call of `fns` (run in order) replayed as one CUDA graph.
+
+    This is how the runtime runs decode steps: no Python/launch overhead. Several calls on
+    different data (e.g. one per layer) keep a small problem from being served out of L2.
+    """
+    return time_ms(_capture(fns, fns).replay) / len(fns)
+
+
+def time_graph_stream_ms(
+    fns: list[Callable[[], Any]], min_calls: int = 64, reps: int = 10
+) -> float:
+    """Best-of-3 mean ms per call of `fns`, cycled to >= `min_calls` calls in one CUDA graph and
+    replayed `reps` times back to back between two events: a kernel's steady state as the decode
+    step runs it. Unlike `time_graph_ms`, no L2 flush precedes a replay (the timed kernels would
+    first write its dirty lines back) and each graph launch is spread over >= `min_calls` calls;
+    `fns` must cycle through more data than L2 holds."""
+    calls = fns * -(-min_calls // len(fns))
+    graph = _capture(fns, calls)
     graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     best = math.inf
