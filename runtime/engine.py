@@ -32,7 +32,6 @@ from radixlm.runtime.models.default_model import DEFAULT_MODEL_NAME, ModelNotFou
 from radixlm.runtime.process_utils import configure_logging
 from radixlm.runtime.request_batch import RequestBatch
 from radixlm.runtime.server_args import ServerArgs
-from radixlm.runtime.tokenizer import load_server_tokenizer
 from radixlm.runtime.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger(__name__)
@@ -87,6 +86,9 @@ class Engine:
             )
 
         def load_tokenizer() -> None:  # runs while the children start
+            # NOTE: imported here, after the spawn: transformers takes ~1 s to import.
+            from radixlm.runtime.tokenizer import load_server_tokenizer
+
             self.tokenizer = load_server_tokenizer(args)
 
         self._procs = procs = launch_processes(args, load_tokenizer)

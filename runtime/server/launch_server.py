@@ -31,11 +31,9 @@ from radixlm.runtime.errors import RadixLMError
 from radixlm.runtime.launch import launch_processes
 from radixlm.runtime.models.default_model import ModelNotFoundError
 from radixlm.runtime.process_utils import configure_logging
-from radixlm.runtime.server.app import create_app
 from radixlm.runtime.server.metrics import HEALTH_RID_PREFIX
 from radixlm.runtime.server.state import ServerState
 from radixlm.runtime.server_args import ServerArgs
-from radixlm.runtime.tokenizer import load_server_tokenizer
 from radixlm.runtime.tokenizer_manager import GenerateInput
 
 logger = logging.getLogger("radixlm.server")
@@ -142,13 +140,24 @@ def serve_main(argv: list[str] | None = None) -> int:
         logger.error("model path %r does not exist (models are never downloaded)", args.model_path)
         return 2
     box: dict[str, Any] = {}
+
+    def while_starting() -> None:
+        # NOTE: the heavy imports (transformers, the app: ~2 s) run once the children are spawned,
+        # overlapping their start-up instead of delaying it.
+        from radixlm.runtime.server import app  # noqa: F401
+        from radixlm.runtime.tokenizer import load_server_tokenizer
+
+        box["tokenizer"] = load_server_tokenizer(args)
+
     try:
-        procs = launch_processes(args, lambda: box.update(tokenizer=load_server_tokenizer(args)))
+        procs = launch_processes(args, while_starting)
     except (ModelNotFoundError, RadixLMError, RuntimeError, OSError) as exc:
         logger.error("the engine failed to start: %s", exc)
         return 1
     except KeyboardInterrupt:  # Ctrl-C while the children start: they are already stopped
         return 130
+    from radixlm.runtime.server.app import create_app
+
     state = ServerState(args, procs, box.get("tokenizer"))
     try:
         config = uvicorn.Config(
