@@ -193,11 +193,13 @@ def _misc(bench: Bench) -> None:
 
 def _sweep(bench: Bench, copy_gbs: float) -> None:
     """Config sweeps (~1 minute): decode tiles/stages/splits, extend tiles (bf16, 32/8 heads)."""
-    decode_cases = {
-        (1, 4096): (16, 32),
+    decode_cases = {  # the rows behind `choose_num_kv_splits` (docs/benchmarks.md, run 18)
+        (1, 4096): (16, 32, 64),
         (1, 32768): (32, 64),
+        (8, 4096): (8, 16),
         (8, 32768): (8, 16),
-        (64, 4096): (2, 4),
+        (32, 4096): (1, 2, 4),
+        (64, 4096): (1, 2, 4),
     }
     for (bs, ctx), split_options in decode_cases.items():
         for splits in split_options:
