@@ -6,7 +6,8 @@ Sections (`--sections`, comma-separated, all by default):
   hf        transformers `generate` on Llama-3-8B shapes (dummy bf16): batch 1 and batch 64
   decode    radixlm batch-1 decode vs the bandwidth roofline (weights + KV bytes per step over the
             copy bandwidth measured in this run), batch 8 / 64, CUDA graphs on vs off
-  offline   512 requests x 1024 random input tokens / 256 output tokens, throughput vs `hf`
+  offline   512 requests x 1024 random input tokens / 256 output tokens, throughput vs `hf`;
+            in bf16, with FP8 weights, an FP8 KV cache, and both (`--offline-variants`)
   gemv      cuBLAS vs the Triton small-batch GEMV on the model's linear shapes (the engine keeps
             the faster per shape; see runtime/models/gemm_select.py)
   kernels   `radixlm bench kernels --sections check,decode,extend` (full-shape checks, attention
@@ -217,14 +218,30 @@ def section_decode(args: argparse.Namespace) -> None:
     RESULTS["decode"] = out
 
 
+# Offline variants: the ServerArgs each one adds (results under "offline" + suffix).
+OFFLINE_VARIANTS: dict[str, dict[str, Any]] = {
+    "bf16": {},
+    "fp8_w": {"quantization": "fp8"},
+    "fp8_kv": {"kv_cache_dtype": "fp8_e4m3"},
+    "fp8": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"},
+}
+
+
 def section_offline(args: argparse.Namespace) -> None:
+    for variant in args.offline_variants.split(","):
+        key = "offline" if variant == "bf16" else f"offline_{variant}"
+        RESULTS[key] = _offline_run(args, OFFLINE_VARIANTS[variant])
+        _log(f"{key}: {RESULTS[key]}")
+
+
+def _offline_run(args: argparse.Namespace, variant: dict[str, Any]) -> dict[str, Any]:
     from radixlm.runtime.models.config import ModelConfig
     from radixlm.runtime.models.presets import PRESETS
 
     cfg = ModelConfig.from_hf_dict(PRESETS[args.model])
     n, inp, outp = args.offline_requests, 1024, 256
     prompts = _random_prompts(n, inp, cfg.vocab_size, seed=7)
-    eng = _engine(args.model, cuda_graph_max_bs=512, max_running_requests=512)
+    eng = _engine(args.model, cuda_graph_max_bs=512, max_running_requests=512, **variant)
     try:
         eng.generate(
             input_ids=prompts[:8], sampling_params={"max_new_tokens": 8, "ignore_eos": True}
@@ -244,7 +261,8 @@ def section_offline(args: argparse.Namespace) -> None:
     kinds = ("forward_ct", "extend_iterations", "extend_seconds", "decode_seconds")
     spent = {k: after[k] - before[k] for k in kinds}
     steps = spent["forward_ct"] - spent["extend_iterations"]  # decode forwards
-    res = {
+    return {
+        **variant,
         "requests": n,
         "seconds": round(dt, 2),
         "output_tok_s": round(gen / dt, 1),
@@ -256,8 +274,6 @@ def section_offline(args: argparse.Namespace) -> None:
         "decode_seconds": round(spent["decode_seconds"], 2),
         "decode_avg_batch": round((gen - n) / max(1, steps), 1),
     }
-    _log(f"offline: {res}")
-    RESULTS["offline"] = res
 
 
 def section_hf(args: argparse.Namespace) -> None:
@@ -362,6 +378,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sections", default="parity,decode,offline,hf")
     parser.add_argument("--model", default="llama-3-8b", help="dummy preset for the speed sections")
     parser.add_argument("--offline-requests", type=int, default=512)
+    parser.add_argument(
+        "--offline-variants",
+        default=",".join(OFFLINE_VARIANTS),
+        help=f"comma-separated, of {', '.join(OFFLINE_VARIANTS)}",
+    )
     parser.add_argument("--hf-new-tokens", type=int, default=128)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
@@ -390,10 +411,9 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.json, "w") as f:
                 json.dump(RESULTS, f, indent=2)
     hf = RESULTS.get("hf", {}).get("bs64_output_tok_s")
-    if hf and "offline" in RESULTS:
-        RESULTS["offline"]["speedup_vs_transformers_bs64"] = round(
-            RESULTS["offline"]["output_tok_s"] / hf, 2
-        )
+    for key, res in RESULTS.items():
+        if hf and key.startswith("offline"):
+            res["speedup_vs_transformers_bs64"] = round(res["output_tok_s"] / hf, 2)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(RESULTS, f, indent=2)

@@ -12,6 +12,7 @@ and `jit` from here. Without Triton, `jit` turns a kernel into a stub that raise
 from __future__ import annotations
 
 import functools
+import math
 import os
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -170,4 +171,58 @@ def dot_flags(dtype: object) -> dict[str, object]:
     return {
         "PREC": "ieee" if is_fp32 else "tf32",
         "UPCAST": interpreting() and dtype == torch.bfloat16,
+    }
+
+
+@jit
+def quantize_fp8(
+    x,
+    inv_scale,
+    FP8_MAX: tl.constexpr,
+    FP8_MANT: tl.constexpr,
+    FP8_TINY: tl.constexpr,
+    FP8_EMULATE: tl.constexpr,
+):
+    """fp32 `clamp(x * inv_scale, -FP8_MAX, FP8_MAX)` (NaN stays NaN); cast the result to the fp8
+    dtype described by the constexprs (see `fp8_flags`) with `.to(...)`.
+
+    # NOTE: clamped explicitly because a cast of an out-of-range value gives NaN (e4m3fn) or inf
+    # (e5m2) in torch. On the GPU the cast (`cvt.rn.satfinite`) rounds to nearest even; Triton's
+    # CPU interpreter instead rounds half up without carrying into the exponent (7.94 -> 4.0), so
+    # there (FP8_EMULATE) the value is first rounded to nearest even on the fp8 grid in fp32, which
+    # the interpreter's cast then converts exactly. NaN is not converted faithfully there.
+    """
+    x = tl.clamp(x.to(tl.float32) * inv_scale, -FP8_MAX, FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
+    if FP8_EMULATE:
+        SHIFT: tl.constexpr = 23 - FP8_MANT  # fp32 mantissa bits dropped
+        bits = x.to(tl.int32, bitcast=True)
+        # normal range: round the fp32 bits to nearest even (a carry into the exponent is right)
+        rounded = (bits + ((1 << (SHIFT - 1)) - 1) + ((bits >> SHIFT) & 1)) & -(1 << SHIFT)
+        # subnormal range (|x| < FP8_TINY): adding 2^k with ulp(2^k) = the fp8 subnormal step
+        # rounds |x| to a multiple of that step (fp32 addition rounds to nearest even)
+        magic = FP8_TINY * (1 << SHIFT)
+        sub = (tl.abs(x) + magic) - magic
+        sub = tl.where(bits < 0, -sub, sub)  # bits < 0: the sign bit (also for -0.0)
+        y = tl.where(tl.abs(x) < FP8_TINY, sub, rounded.to(tl.float32, bitcast=True))
+        x = tl.where(x == x, y, x)
+    return x
+
+
+_NOT_FP8: dict[str, object] = {"FP8_MAX": 0.0, "FP8_MANT": 0, "FP8_TINY": 0.0, "FP8_EMULATE": False}
+
+
+def fp8_flags(dtype: object) -> dict[str, object]:
+    """Constexpr kwargs (FP8_MAX, FP8_MANT, FP8_TINY, FP8_EMULATE) for `quantize_fp8` when a kernel
+    stores into a tensor of torch `dtype`; FP8_MAX is 0.0 when `dtype` is not an fp8 dtype (the
+    kernel then stores by a plain cast)."""
+    import torch
+
+    if dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return _NOT_FP8
+    info = torch.finfo(dtype)
+    return {
+        "FP8_MAX": float(info.max),
+        "FP8_MANT": round(-math.log2(info.eps)),
+        "FP8_TINY": float(info.tiny),
+        "FP8_EMULATE": interpreting(),
     }

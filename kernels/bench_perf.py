@@ -16,6 +16,7 @@ from radixlm.kernels.bench_kernels import Bench, Row, time_graph_ms, time_graph_
 
 H, KVH, D = 32, 8, 128  # Llama-3-8B attention shapes
 DT = torch.bfloat16
+FP8 = torch.float8_e4m3fn
 
 
 def _copy_bandwidth(bench: Bench) -> float:
@@ -27,23 +28,27 @@ def _copy_bandwidth(bench: Bench) -> float:
     return 2 * nbytes / ms / 1e6
 
 
-def _paged_pool(num_tokens: int, head_dim: int = D) -> tuple[torch.Tensor, torch.Tensor]:
-    k = torch.randn(num_tokens + 1, KVH, head_dim, device="cuda", dtype=DT)
-    return k, torch.randn_like(k)
+def _paged_pool(
+    num_tokens: int, head_dim: int = D, dtype: torch.dtype = DT
+) -> tuple[torch.Tensor, torch.Tensor]:
+    k = torch.randn(num_tokens + 1, KVH, head_dim, device="cuda", dtype=DT).to(dtype)
+    return k, torch.randn_like(k, dtype=DT).to(dtype)
 
 
 def _shuffled_slots(rows: int, cols: int) -> torch.Tensor:
     return (torch.randperm(rows * cols, device="cuda") + 1).to(torch.int32).view(rows, cols)
 
 
-def _decode_case(bs: int, ctx: int, copy_gbs: float, config=None, splits=None) -> Row:
+def _decode_case(
+    bs: int, ctx: int, copy_gbs: float, config=None, splits=None, kv_dtype: torch.dtype = DT
+) -> Row:
     """Decode at Llama-3-8B shapes, timed in a CUDA graph cycling over enough layers (pools) to
-    exceed L2."""
+    exceed L2; `kv_dtype` float8_e4m3fn: an FP8 KV cache (q stays bf16)."""
     from radixlm.kernels import decode_attention as da
 
-    kv_bytes = 2 * bs * ctx * KVH * D * 2
+    kv_bytes = 2 * bs * ctx * KVH * D * kv_dtype.itemsize
     layers = max(1, min(32, math.ceil((512 << 20) / kv_bytes)))
-    pools = [_paged_pool(bs * ctx) for _ in range(layers)]
+    pools = [_paged_pool(bs * ctx, D, kv_dtype) for _ in range(layers)]
     r2t = _shuffled_slots(bs, ctx)
     rpi = torch.arange(bs, device="cuda")
     seq_lens = torch.full((bs,), ctx, dtype=torch.int32, device="cuda")
@@ -71,7 +76,8 @@ def _decode_case(bs: int, ctx: int, copy_gbs: float, config=None, splits=None) -
     )
     if config:
         note += f" cfg={config}"
-    name = f"bs{bs} ctx{ctx} (KV {kv_bytes / 1e9:.2f} GB)"
+    fp8 = " fp8" if kv_dtype != DT else ""
+    name = f"bs{bs} ctx{ctx}{fp8} (KV {kv_bytes / 1e9:.2f} GB)"
     return Row("decode", name, gbs, "GB/s", copy_gbs, gbs / copy_gbs, note)
 
 
@@ -205,6 +211,9 @@ def _sweep(bench: Bench, copy_gbs: float) -> None:
         for splits in split_options:
             for cfg in ((16, 64, 4, 3), (16, 128, 4, 2)):
                 bench.case("sweep", "decode", _decode_case, bs, ctx, copy_gbs, cfg, splits)
+    for bs, ctx in ((1, 4096), (1, 32768), (8, 4096), (64, 4096)):  # FP8 pool: tile rows
+        for cfg in ((16, 64, 4, 2), (16, 128, 4, 2), (16, 128, 4, 3), (16, 256, 8, 2)):
+            bench.case("sweep", "decode", _decode_case, bs, ctx, copy_gbs, cfg, None, FP8)
     extend_cfgs = {
         128: (
             (128, 64, 128, 8, 3),
@@ -234,6 +243,10 @@ def run_perf(bench: Bench, sections: set[str]) -> None:
         for ctx in ctxs:
             for bs in sizes:
                 bench.case("decode", f"bs{bs} ctx{ctx}", _decode_case, bs, ctx, copy_gbs)
+        for ctx in ctxs:  # an FP8 KV cache (kv_cache_dtype="fp8_e4m3")
+            for bs in sizes:
+                name = f"bs{bs} ctx{ctx} fp8"
+                bench.case("decode", name, _decode_case, bs, ctx, copy_gbs, kv_dtype=FP8)
     if "extend" in sections:
         new, bs = (128, 2) if bench.tiny else (1024, 8)
         for prefix in (0, new):

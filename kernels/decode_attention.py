@@ -5,7 +5,9 @@ pool; the new token's K/V must already be stored there (`store_kv` at `out_cache
 
 Layouts:
     q:        [B, num_heads, head_dim]                  fp32/bf16/fp16
-    k_buffer, v_buffer: [num_slots, num_kv_heads, head_dim]  same dtype as q (the KV pool, read only)
+    k_buffer, v_buffer: [num_slots, num_kv_heads, head_dim]  the KV pool (read only): q's dtype, or
+              float8_e4m3fn / float8_e5m2 (an FP8 KV cache) read as `fp8.to(q.dtype) * scale` with
+              the pool's python-float `k_scale` / `v_scale` (store_kv.py)
     req_to_token: [max_running_requests, max_context_len] int32
     req_pool_indices, seq_lens: [B] int32/int64 (seq_len counts the new token; 0 = padding lane)
     out:      [B, num_heads, head_dim] dtype of q
@@ -24,6 +26,11 @@ each head block to finish (with arrival counters) or by a second kernel (decode_
 # skipped by both stages, and a sequence that fits one split writes `out` directly (no workspace,
 # no merge). Shapes and grids therefore depend only on (B, max_kv_splits), which makes the kernels
 # CUDA-graph safe.
+
+# NOTE (FP8 pool): tiles are loaded as fp8 and converted to q's dtype for the `mma`s (exact: every
+# e4m3/e5m2 value is representable in fp16/bf16/fp32); the scales cost nothing per element:
+# k_scale is folded into qk_scale, and v_scale multiplies each split's normalised output (the
+# merge is a convex combination of split outputs, so scaling each one equals scaling the result).
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ from radixlm.kernels.decode_workspace import (
     alloc_decode_workspace,
     choose_num_kv_splits,
 )
+from radixlm.kernels.store_kv import check_kv_scales, dequantize_kv, is_fp8
 
 _LOG2E = 1.4426950408889634
 
@@ -68,8 +76,11 @@ def decode_attention_ref(
     req_pool_indices: torch.Tensor,
     seq_lens: torch.Tensor,
     sm_scale: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
-    """Pure-torch reference: per request, gather K/V and run a dense fp32 softmax.
+    """Pure-torch reference: per request, gather K/V (dequantised from an FP8 pool) and run a
+    dense fp32 softmax.
 
     A padding lane (seq_len == 0) outputs zeros, like the kernel.
     """
@@ -82,8 +93,10 @@ def decode_attention_ref(
         if seq_len == 0:
             continue
         slots = req_to_token[int(req_pool_indices[b]), :seq_len].long()
-        k = k_buffer[slots].float().repeat_interleave(group, dim=1)  # [S, H, D]
-        v = v_buffer[slots].float().repeat_interleave(group, dim=1)
+        k = dequantize_kv(k_buffer[slots], torch.float32, k_scale)
+        v = dequantize_kv(v_buffer[slots], torch.float32, v_scale)
+        k = k.repeat_interleave(group, dim=1)  # [S, H, D]
+        v = v.repeat_interleave(group, dim=1)
         scores = torch.einsum("hd,shd->hs", q[b].float(), k) * scale
         probs = torch.softmax(scores, dim=-1)
         out[b] = torch.einsum("hs,shd->hd", probs, v).to(q.dtype)
@@ -103,6 +116,7 @@ def _decode_stage1_kernel(
     Arrivals,
     Out,
     qk_scale,
+    v_scale,
     num_splits,
     stride_qb,
     stride_qh,
@@ -126,6 +140,7 @@ def _decode_stage1_kernel(
     BLOCK_N: tl.constexpr,
     PREC: tl.constexpr,
     UPCAST: tl.constexpr,
+    V_SCALED: tl.constexpr,
     BLOCK_S: tl.constexpr,
     CHUNK: tl.constexpr,
     FUSED_MERGE: tl.constexpr,
@@ -172,7 +187,7 @@ def _decode_stage1_kernel(
                 KBuf + slots[None, :] * stride_kbs + kv_h * stride_kbh + offs_d[:, None],
                 mask=mask_n[None, :] & mask_d[:, None],
                 other=0.0,
-            )
+            ).to(Q.dtype.element_ty)  # NOTE: a no-op unless the pool is fp8
             qk = mma(q, k, PREC, UPCAST) * qk_scale  # [BLOCK_H, BLOCK_N], log2 units
             qk = tl.where(mask_n[None, :], qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -183,13 +198,16 @@ def _decode_stage1_kernel(
                 VBuf + slots[:, None] * stride_vbs + kv_h * stride_vbh + offs_d[None, :],
                 mask=mask_n[:, None] & mask_d[None, :],
                 other=0.0,
-            )
+            ).to(Q.dtype.element_ty)
             acc = acc * alpha[:, None] + mma(p.to(v.dtype), v, PREC, UPCAST)
             m_i = m_new
         mask_hd = mask_h[:, None] & mask_d[None, :]
         if n_valid == 1:  # the whole sequence in one split: written out, nothing to merge
             o_ptrs = Out + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
-            tl.store(o_ptrs, (acc / l_i[:, None]).to(Out.dtype.element_ty), mask=mask_hd)
+            o = acc / l_i[:, None]
+            if V_SCALED:  # an FP8 pool with v_scale != 1 (see the module docstring)
+                o = o * v_scale
+            tl.store(o_ptrs, o.to(Out.dtype.element_ty), mask=mask_hd)
         else:
             mo_ptrs = (
                 MidO
@@ -198,7 +216,10 @@ def _decode_stage1_kernel(
                 + split * stride_mos
                 + offs_d[None, :]
             )
-            tl.store(mo_ptrs, acc / l_i[:, None], mask=mask_hd)
+            o = acc / l_i[:, None]
+            if V_SCALED:
+                o = o * v_scale
+            tl.store(mo_ptrs, o, mask=mask_hd)
             lse = (m_i + tl.log2(l_i)) * 0.6931471805599453  # log2 -> natural-log units (x ln 2)
             tl.store(MidLse + b * stride_mlb + heads * stride_mlh + split, lse, mask=mask_h)
     if FUSED_MERGE:
@@ -237,8 +258,19 @@ def _decode_stage1_kernel(
 def decode_block_config(
     head_dim: int, group: int, dtype: torch.dtype = torch.bfloat16, batch: int = 64
 ) -> tuple[int, int, int, int]:
-    """(BLOCK_H, BLOCK_N, num_warps, num_stages) of stage 1 for (head_dim, GQA group, dtype,
-    batch size)."""
+    """(BLOCK_H, BLOCK_N, num_warps, num_stages) of stage 1 for (head_dim, GQA group, the KV
+    pool's dtype, batch size).
+
+    # NOTE (FP8 pool): BLOCK_N is sized from the pool's element size, i.e. from the bytes a K/V
+    # tile streams through shared memory, so an fp8 tile holds twice the rows of a bf16 one in
+    # the same bytes, up to the same cap of 128 rows (the tile converted to bf16 for the `mma`
+    # then takes as many registers as the measured bf16 tile of 128 rows). At head_dim 128 this
+    # gives 128 rows at every batch size: unchanged from bf16 at batch >= 16 (16 KB tiles instead
+    # of 32 KB), and below batch 16 the same 16 KB of shared memory per tile as bf16's halved
+    # 64-row tile, which is what that halving was measured to be about. A pool in q's dtype
+    # (bf16/fp16/fp32) gets exactly the previous sizes. Measured on the H200 (docs/benchmarks.md,
+    # run 19): 128 rows beat 64 by 10-40 % and 256 rows; 3 stages beat 2 by 1-4 % at batch 8-64.
+    """
     block_h = min(64, max(16, next_power_of_2(group)))
     if interpreting() or not torch.cuda.is_available():
         return block_h, 32, 4, 1
@@ -250,7 +282,7 @@ def decode_block_config(
     row_bytes = next_power_of_2(head_dim) * torch.empty((), dtype=dtype).element_size()
     tile_bytes = (32 if batch >= 16 else 16) << 10
     block_n = max(16, min(128, tile_bytes // row_bytes))
-    return block_h, block_n, 4, 2
+    return block_h, block_n, 4, 3 if is_fp8(dtype) else 2
 
 
 def decode_attention_fwd(
@@ -266,8 +298,13 @@ def decode_attention_fwd(
     sm_scale: float | None = None,
     config: tuple[int, int, int, int] | None = None,
     arrivals: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """CUDA-graph-safe decode attention into preallocated `out`, `mid_o`, `mid_lse`.
+
+    `k_scale` / `v_scale`: the dequantisation scales of an FP8 pool (python floats, baked into a
+    captured graph); 1.0 for any other pool.
 
     With `arrivals` (int32, zeroed, >= batch * num_heads elements, left zeroed after) the
     splits are merged inside stage 1 by the last program of each head block to finish (one
@@ -282,7 +319,9 @@ def decode_attention_fwd(
     num_kv_heads = k_buffer.shape[1]
     assert num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads"
     assert k_buffer.shape[2] == head_dim and v_buffer.shape == k_buffer.shape
-    assert q.dtype == k_buffer.dtype, "q and the pool share one dtype"
+    assert k_buffer.dtype == v_buffer.dtype
+    assert q.dtype == k_buffer.dtype or is_fp8(k_buffer.dtype), "pool: q's dtype or fp8"
+    check_kv_scales(k_buffer.dtype, k_scale, v_scale)
     assert out.shape == q.shape and out.stride(2) == 1
     num_splits = mid_o.shape[2]
     assert 1 <= num_splits <= MAX_KV_SPLITS
@@ -297,7 +336,7 @@ def decode_attention_fwd(
         return out
     group = num_heads // num_kv_heads
     block_h, block_n, num_warps, num_stages = config or decode_block_config(
-        head_dim, group, q.dtype, batch
+        head_dim, group, k_buffer.dtype, batch
     )
     head_blocks = cdiv(group, block_h)
     block_d = max(16, next_power_of_2(head_dim))
@@ -312,7 +351,8 @@ def decode_attention_fwd(
         *(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse),
         arrivals if fused else seq_lens,
         out,
-        scale * _LOG2E,
+        scale * _LOG2E * k_scale,
+        v_scale,
         num_splits,
         *q.stride()[:2],
         *k_buffer.stride()[:2],
@@ -328,6 +368,7 @@ def decode_attention_fwd(
         BLOCK_N=block_n,
         **merge_sizes,
         **dot_flags(q.dtype),
+        V_SCALED=v_scale != 1.0,
         FUSED_MERGE=fused,
         FENCE=not interpreting(),
         num_warps=num_warps,
@@ -366,6 +407,8 @@ def decode_attention(
     max_seq_len: int | None = None,
     out: torch.Tensor | None = None,
     fused_merge: bool = True,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Eager convenience wrapper: allocates the workspace and picks `num_kv_splits`.
 
@@ -385,4 +428,6 @@ def decode_attention(
     return decode_attention_fwd(
         *(q, *pool, out, mid_o, mid_lse, sm_scale),
         arrivals=arrivals if fused_merge else None,
+        k_scale=k_scale,
+        v_scale=v_scale,
     )

@@ -10,7 +10,9 @@ Layouts (all owned by the caller; only `out` is written):
     q:         [num_tokens, num_heads, head_dim]     fp32/bf16/fp16
     k_extend:  [num_tokens, num_kv_heads, head_dim]  same dtype as q (the new K, contiguous in tokens)
     v_extend:  [num_tokens, num_kv_heads, head_dim]
-    k_buffer, v_buffer: [num_slots, num_kv_heads, head_dim] the KV pool of this layer, same dtype
+    k_buffer, v_buffer: [num_slots, num_kv_heads, head_dim] the KV pool of this layer: q's dtype, or
+               float8_e4m3fn / float8_e5m2 (an FP8 KV cache), the cached prefix then read as
+               `fp8.to(q.dtype) * scale` with the pool's python-float `k_scale` / `v_scale`
     req_to_token: [max_running_requests, max_context_len] int32
     req_pool_indices, extend_prefix_lens, extend_seq_lens, extend_start_loc: [B] int32/int64
     out:       [num_tokens, num_heads, head_dim] dtype of q
@@ -18,7 +20,9 @@ GQA: query head h reads kv head h // (num_heads // num_kv_heads). Scores use `sm
 (default 1/sqrt(head_dim)); softmax and accumulation are fp32.
 
 # NOTE: the kernel reads the new K/V from k_extend/v_extend, never from the pool, so it does not
-# matter whether the caller stored them into the pool before or after this call.
+# matter whether the caller stored them into the pool before or after this call. With an FP8 pool
+# the new tokens therefore attend to each other unquantised, and only the cached prefix is
+# dequantised (k_scale folded into the prefix's score scale, v_scale into its P @ V product).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from radixlm.kernels._triton import (
     require_triton,
     tl,
 )
+from radixlm.kernels.store_kv import check_kv_scales, dequantize_kv, is_fp8
 
 _LOG2E = 1.4426950408889634
 
@@ -55,8 +60,11 @@ def extend_attention_ref(
     extend_seq_lens: torch.Tensor,
     extend_start_loc: torch.Tensor,
     sm_scale: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
-    """Pure-torch reference: one request at a time, dense fp32 softmax with an explicit mask."""
+    """Pure-torch reference: one request at a time, dense fp32 softmax with an explicit mask; the
+    prefix dequantised from the pool, the new tokens from k_extend/v_extend."""
     num_heads, head_dim = q.shape[1], q.shape[2]
     group = num_heads // k_buffer.shape[1]
     scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
@@ -69,8 +77,10 @@ def extend_attention_ref(
             int(extend_start_loc[b]),
         )
         slots = req_to_token[req, :prefix].long()
-        k = torch.cat([k_buffer[slots], k_extend[start : start + ext]]).float()  # [S, kvH, D]
-        v = torch.cat([v_buffer[slots], v_extend[start : start + ext]]).float()
+        k_prefix = dequantize_kv(k_buffer[slots], torch.float32, k_scale)
+        v_prefix = dequantize_kv(v_buffer[slots], torch.float32, v_scale)
+        k = torch.cat([k_prefix, k_extend[start : start + ext].float()])  # [S, kvH, D]
+        v = torch.cat([v_prefix, v_extend[start : start + ext].float()])
         k = k.repeat_interleave(group, dim=1)  # [S, H, D]
         v = v.repeat_interleave(group, dim=1)
         qb = q[start : start + ext].float()  # [E, H, D]
@@ -98,6 +108,8 @@ def _extend_attention_kernel(
     ExtendLens,
     StartLoc,
     qk_scale,
+    qk_scale_prefix,
+    v_scale,
     stride_qt,
     stride_qh,
     stride_ket,
@@ -119,6 +131,7 @@ def _extend_attention_kernel(
     BLOCK_NP: tl.constexpr,
     PREC: tl.constexpr,
     UPCAST: tl.constexpr,
+    V_SCALED: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -157,8 +170,8 @@ def _extend_attention_kernel(
                 KBuf + slots[None, :] * stride_kbs + kv_h * stride_kbh + offs_d[:, None],
                 mask=mask_n[None, :] & mask_d[:, None],
                 other=0.0,
-            )
-            qk = mma(q, k, PREC, UPCAST) * qk_scale
+            ).to(Q.dtype.element_ty)  # NOTE: a no-op unless the pool is fp8
+            qk = mma(q, k, PREC, UPCAST) * qk_scale_prefix
             qk = tl.where(mask_n[None, :], qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
             alpha = tl.exp2(m_i - m_new)
@@ -168,8 +181,11 @@ def _extend_attention_kernel(
                 VBuf + slots[:, None] * stride_vbs + kv_h * stride_vbh + offs_d[None, :],
                 mask=mask_n[:, None] & mask_d[None, :],
                 other=0.0,
-            )
-            acc = acc * alpha[:, None] + mma(p.to(v.dtype), v, PREC, UPCAST)
+            ).to(Q.dtype.element_ty)
+            pv = mma(p.to(v.dtype), v, PREC, UPCAST)
+            if V_SCALED:  # an FP8 pool with v_scale != 1
+                pv = pv * v_scale
+            acc = acc * alpha[:, None] + pv
             m_i = m_new
 
         # Stage 2a: new tokens strictly before this query block; no mask needed.
@@ -239,6 +255,8 @@ def extend_attention_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) 
 
     Measured on H200 (bf16, 32/8 heads): 8 x 1024 new tokens with prefix 0 or 1024 and 512 new
     tokens after a 32k prefix. fp32 tiles are twice the bytes, so they get half the tile size.
+    `dtype` is q's (the model dtype): with an FP8 pool only the prefix tiles are fp8 (half the
+    bytes, so the same config always fits); not re-tuned for that case.
     Under the interpreter: small tiles, one stage.
     """
     block_d = next_power_of_2(head_dim)
@@ -274,8 +292,12 @@ def extend_attention(
     sm_scale: float | None = None,
     out: torch.Tensor | None = None,
     config: ExtendConfig | tuple[int, int, int, int, int] | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Triton extend attention; same math as `extend_attention_ref`. Returns `out` [T, H, D].
+
+    `k_scale` / `v_scale`: the dequantisation scales of an FP8 pool (1.0 for any other pool).
 
     `max_extend_len` (python int) must be >= every `extend_seq_lens[b]`; it only sizes the grid.
     `config` overrides `extend_attention_config(head_dim, q.dtype)` (BLOCK_M % BLOCK_N must be 0).
@@ -288,7 +310,10 @@ def extend_attention(
         k_extend.shape == (num_tokens, num_kv_heads, head_dim) and v_extend.shape == k_extend.shape
     )
     assert k_buffer.shape[2] == head_dim and v_buffer.shape == k_buffer.shape
-    assert q.dtype == k_extend.dtype == k_buffer.dtype, "q, new K/V and the pool share one dtype"
+    assert q.dtype == k_extend.dtype == v_extend.dtype, "q and the new K/V share one dtype"
+    assert k_buffer.dtype == v_buffer.dtype
+    assert k_buffer.dtype == q.dtype or is_fp8(k_buffer.dtype), "pool: q's dtype or fp8"
+    check_kv_scales(k_buffer.dtype, k_scale, v_scale)
     for t in (q, k_extend, v_extend, k_buffer, v_buffer):
         assert t.stride(2) == 1, "last dim must be contiguous"
     assert req_to_token.stride(1) == 1
@@ -309,6 +334,8 @@ def extend_attention(
             *(q, k_extend, v_extend, k_buffer, v_buffer, out, req_to_token, req_pool_indices),
             *(extend_prefix_lens, extend_seq_lens, extend_start_loc),
             scale * _LOG2E,
+            scale * _LOG2E * k_scale,
+            v_scale,
             *q.stride()[:2],
             *k_extend.stride()[:2],
             *v_extend.stride()[:2],
@@ -323,9 +350,11 @@ def extend_attention(
             BLOCK_N=c.block_n,
             BLOCK_NP=c.block_n_prefix,
             **dot_flags(q.dtype),
+            V_SCALED=v_scale != 1.0,
             num_warps=c.num_warps,
             num_stages=c.num_stages,
         )
 
-    launch_with_fallback(("extend", head_dim, q.dtype, cfg), launch, cfg, FALLBACK_CONFIG)
+    key = ("extend", head_dim, q.dtype, k_buffer.dtype, cfg)
+    launch_with_fallback(key, launch, cfg, FALLBACK_CONFIG)
     return out

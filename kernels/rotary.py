@@ -12,8 +12,9 @@ Layouts:
     cos_sin_cache: [max_pos, D] fp32, row p = [cos(p * inv_freq), sin(p * inv_freq)], inv_freq
        of length D/2 (see `build_cos_sin_cache`).
 
-`rotary_store_kv` also writes the rotated k and v into the paged KV pool (store_kv.py's layouts) in
-the same kernel: one launch per layer instead of two.
+`rotary_store_kv` also writes the rotated k and v into the paged KV pool (store_kv.py's layouts and
+dtypes, FP8 pools included) in the same kernel: one launch per layer instead of two. Into an FP8
+pool it quantises k as the unfused path would: rotated, rounded to k's dtype, then quantised.
 
 # NOTE: the math is done in fp32 and rounded once to q's dtype. HF instead rounds cos/sin and each
 # product to bf16/fp16 separately, so for half dtypes results differ from HF by ~1 ulp.
@@ -24,13 +25,16 @@ from __future__ import annotations
 import torch
 
 from radixlm.kernels._triton import (
+    fp8_flags,
     jit,
     next_power_of_2,
     pdl_launch_args,
     pdl_prologue,
+    quantize_fp8,
     require_triton,
     tl,
 )
+from radixlm.kernels.store_kv import check_kv_scales
 
 
 def build_cos_sin_cache(inv_freq: torch.Tensor, max_position: int) -> torch.Tensor:
@@ -116,6 +120,8 @@ def _rope_kernel(
     KBuf,
     VBuf,
     Loc,
+    k_inv_scale,
+    v_inv_scale,
     stride_qt,
     stride_qh,
     stride_kt,
@@ -136,6 +142,10 @@ def _rope_kernel(
     BLOCK_HQ: tl.constexpr,
     BLOCK_HK: tl.constexpr,
     STORE_KV: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+    FP8_MANT: tl.constexpr,
+    FP8_TINY: tl.constexpr,
+    FP8_EMULATE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     # One program per token: q and k rotated in place; with STORE_KV the rotated k and v are
@@ -156,11 +166,22 @@ def _rope_kernel(
     _store_heads(K + t * stride_kt, stride_kh, k1, k2, mask_k, HALF, BLOCK_HALF, BLOCK_HK)
     if STORE_KV:
         kb_row = KBuf + slot * stride_kbs
-        _store_heads(kb_row, stride_kbh, k1, k2, mask_k, HALF, BLOCK_HALF, BLOCK_HK)
+        if FP8_MAX > 0:  # an FP8 pool: quantise k as stored above (rounded to K's dtype)
+            kq1 = quantize_fp8(
+                k1.to(K.dtype.element_ty), k_inv_scale, FP8_MAX, FP8_MANT, FP8_TINY, FP8_EMULATE
+            )
+            kq2 = quantize_fp8(
+                k2.to(K.dtype.element_ty), k_inv_scale, FP8_MAX, FP8_MANT, FP8_TINY, FP8_EMULATE
+            )
+            _store_heads(kb_row, stride_kbh, kq1, kq2, mask_k, HALF, BLOCK_HALF, BLOCK_HK)
+        else:
+            _store_heads(kb_row, stride_kbh, k1, k2, mask_k, HALF, BLOCK_HALF, BLOCK_HK)
         offs_h = tl.arange(0, BLOCK_HK)
         offs_d = tl.arange(0, BLOCK_D)
         mask_v = (offs_h[:, None] < num_k_heads) & (offs_d[None, :] < HEAD_DIM)
         v = tl.load(V + t * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask_v)
+        if FP8_MAX > 0:
+            v = quantize_fp8(v, v_inv_scale, FP8_MAX, FP8_MANT, FP8_TINY, FP8_EMULATE)
         v_dst = VBuf + slot * stride_vbs + offs_h[:, None] * stride_vbh + offs_d[None, :]
         tl.store(v_dst, v.to(VBuf.dtype.element_ty), mask=mask_v)
 
@@ -182,10 +203,14 @@ def _launch(
     v_buffer: torch.Tensor,
     loc: torch.Tensor,
     store_kv: bool,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     half, head_dim = q.shape[2] // 2, q.shape[2]
     _rope_kernel[(q.shape[0],)](
         *(positions, q, k, v, cache, k_buffer, v_buffer, loc),
+        1.0 / k_scale,
+        1.0 / v_scale,
         *q.stride()[:2],
         *k.stride()[:2],
         *v.stride()[:2],
@@ -201,6 +226,7 @@ def _launch(
         BLOCK_HQ=next_power_of_2(q.shape[1]),
         BLOCK_HK=next_power_of_2(k.shape[1]),
         STORE_KV=store_kv,
+        **fp8_flags(k_buffer.dtype if store_kv else q.dtype),
         num_warps=4,
         **pdl_launch_args(q.device),
     )
@@ -227,15 +253,19 @@ def rotary_store_kv(
     k_buffer: torch.Tensor,
     v_buffer: torch.Tensor,
     loc: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
-    """`rotary_embedding` and `store_kv.store_kv(k_buffer, v_buffer, loc, k, v)` in one kernel:
-    q and k are rotated in place and the rotated k and v are written at the slots `loc` (layouts
-    of store_kv.py)."""
+    """`rotary_embedding` and `store_kv.store_kv(k_buffer, v_buffer, loc, k, v, k_scale, v_scale)`
+    in one kernel: q and k are rotated in place and the rotated k and v are written at the slots
+    `loc` (layouts of store_kv.py)."""
     require_triton()
     _check(positions, q, k, cos_sin_cache)
     assert v.shape == k.shape and v.stride(2) == 1 and loc.shape == (q.shape[0],)
     assert k_buffer.shape[1:] == k.shape[1:] and v_buffer.shape == k_buffer.shape
     assert k_buffer.stride(2) == 1 and v_buffer.stride(2) == 1
+    assert k_buffer.dtype == v_buffer.dtype
+    check_kv_scales(k_buffer.dtype, k_scale, v_scale)
     if q.shape[0] == 0:
         return
-    _launch(positions, q, k, v, cos_sin_cache, k_buffer, v_buffer, loc, store_kv=True)
+    _launch(positions, q, k, v, cos_sin_cache, k_buffer, v_buffer, loc, True, k_scale, v_scale)

@@ -33,6 +33,7 @@ _DTYPES = {
     "fp16": torch.float16,
     "half": torch.float16,
 }
+_KV_CACHE_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 CPU_DEFAULT_KV_TOKENS = 65536
 
 
@@ -51,6 +52,11 @@ def resolve_dtype(dtype: str, device: torch.device, checkpoint_dtype: str) -> to
     if device.type == "cpu":
         return torch.float32
     return torch.float16 if checkpoint_dtype == "float16" else torch.bfloat16
+
+
+def resolve_kv_cache_dtype(kv_cache_dtype: str, dtype: torch.dtype) -> torch.dtype:
+    """The KV pool's element dtype: `auto` is the model dtype; fp8_e4m3 / fp8_e5m2 an FP8 cache."""
+    return dtype if kv_cache_dtype == "auto" else _KV_CACHE_DTYPES[kv_cache_dtype]
 
 
 @contextlib.contextmanager
@@ -105,12 +111,20 @@ class ModelRunner:
             (name, t.to(device=self.device, dtype=self.dtype))
             for name, t in source.iter_weights(self.device, self.dtype)
         )
+        if self.args.quantization == "fp8":
+            layers = model.quantize_fp8()
+            logger.info(
+                "fp8: %d linear layers quantised (weights per channel, inputs per token)", layers
+            )
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()  # the model-dtype weights are gone: size the KV pool after
         return model.eval()
 
     def _init_memory(self) -> tuple[KVPool, ReqToTokenPool]:
         cfg = self.config
+        self.kv_dtype = resolve_kv_cache_dtype(self.args.kv_cache_dtype, self.dtype)
         per_token = KVPool.bytes_per_token(
-            cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, self.dtype
+            cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, self.kv_dtype
         )
         if self.args.max_total_tokens is not None:
             tokens = self.args.max_total_tokens
@@ -131,10 +145,12 @@ class ModelRunner:
         )
         self.max_running = max(1, min(self.max_running, tokens // 2))
         logger.info(
-            "KV pool: %d tokens (%.2f GB, %s); max running requests %d; context %d",
+            "KV pool: %d tokens (%.2f GB, %s, kv_cache_dtype=%s); max running requests %d; "
+            "context %d",
             tokens,
             tokens * per_token / 1e9,
-            self.dtype,
+            self.kv_dtype,
+            self.args.kv_cache_dtype,
             self.max_running,
             self.context_len,
         )
@@ -143,7 +159,7 @@ class ModelRunner:
             cfg.num_hidden_layers,
             cfg.num_key_value_heads,
             cfg.head_dim,
-            self.dtype,
+            self.kv_dtype,
             self.device,
         )
         # NOTE: one spare row per request: a jump-forward or chunk may briefly need it.

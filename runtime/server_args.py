@@ -17,6 +17,8 @@ SCHEDULE_POLICIES = ("lpm", "fcfs", "random", "lof")
 LOAD_FORMATS = ("auto", "gguf", "safetensors", "dummy")
 DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16", "half", "float")
 ATTENTION_BACKENDS = ("torch", "triton")
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
+QUANTIZATIONS = ("fp8",)
 
 
 @dataclass(frozen=True)
@@ -31,9 +33,13 @@ class ServerArgs:
     skip_tokenizer_init: bool = False
     served_model_name: str | None = None
     random_seed: int | None = None
+    # fp8: Linear weights quantized to float8_e4m3 at load (a scale per output channel) and
+    # activations per token at run time (GPU: cuBLASLt FP8 GEMMs; see runtime/models/fp8.py)
+    quantization: str | None = None
     # ---- memory and scheduling ----
     mem_fraction_static: float | None = None  # GPU: fraction of device memory for weights + KV
     max_total_tokens: int | None = None  # KV pool size in tokens (CPU default: 65536)
+    kv_cache_dtype: str = "auto"  # auto: the model dtype; fp8_e4m3 / fp8_e5m2 halve KV bytes
     max_running_requests: int | None = None
     max_queued_requests: int | None = None
     max_prefill_tokens: int = 16384
@@ -77,6 +83,14 @@ class ServerArgs:
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise InvalidRequestError(
                 f"schedule_policy must be one of {SCHEDULE_POLICIES}", "schedule_policy"
+            )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise InvalidRequestError(
+                f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}", "kv_cache_dtype"
+            )
+        if self.quantization not in (None, *QUANTIZATIONS):
+            raise InvalidRequestError(
+                f"quantization must be one of {QUANTIZATIONS} or None", "quantization"
             )
         if self.attention_backend not in (None, *ATTENTION_BACKENDS):
             raise InvalidRequestError(

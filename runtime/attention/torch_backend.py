@@ -3,8 +3,10 @@
 Runs on CPU and GPU and is the correctness oracle for the Triton backend. Per forward it builds
 the slot indices once (`init_forward_metadata`); every layer then gathers K/V with one
 `index_select` per tensor.
-  EXTEND: one SDPA call per request, causal with the cached prefix in front of the new tokens.
+  EXTEND: one SDPA call per request, causal with the cached prefix in front of the new tokens
+          (the prefix read from the pool, the new tokens' K/V as computed, like the Triton kernel).
   DECODE: one batched SDPA over the padded batch `[B, kvH, Lmax, D]` with a key-padding mask.
+Whatever is read from the pool is dequantised to q's dtype (an FP8 pool: `fp8 * scale`).
 """
 
 from __future__ import annotations
@@ -14,14 +16,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from radixlm.kernels.store_kv import dequantize_kv
 from radixlm.runtime.attention.base import AttentionBackend
 from radixlm.runtime.forward_batch import ForwardBatch
 
 
 @dataclass
 class _ExtendMeta:
-    slots: list[torch.Tensor]  # per request: [L_b] KV slots of its whole sequence
-    masks: list[torch.Tensor | None]  # per request: [n_b, L_b] bool (None: plain causal)
+    slots: list[torch.Tensor]  # per request: [prefix_b] KV slots of its cached prefix
+    masks: list[torch.Tensor | None]  # per request: [n_b, L_b] bool (None: no prefix, causal)
     starts: list[int]
     lens: list[int]
 
@@ -52,7 +55,7 @@ class TorchAttnBackend(AttentionBackend):
             rows_cpu, batch.extend_prefix_lens_cpu, batch.extend_seq_lens_cpu
         ):
             total = prefix + n
-            meta.slots.append(table[row, :total].to(torch.int64))
+            meta.slots.append(table[row, :prefix].to(torch.int64))
             if prefix == 0:
                 meta.masks.append(None)
             else:
@@ -69,13 +72,14 @@ class TorchAttnBackend(AttentionBackend):
     ) -> torch.Tensor:
         meta: _ExtendMeta = batch.attn_metadata
         k_buf, v_buf = self.kv_pool.k[layer], self.kv_pool.v[layer]
+        k_scale, v_scale = self.kv_pool.k_scale[layer], self.kv_pool.v_scale[layer]
         out = torch.empty_like(q)
         for slots, mask, start, n in zip(meta.slots, meta.masks, meta.starts, meta.lens):
             qi = q[start : start + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-            if mask is None:  # no prefix: the new tokens are the whole sequence
-                ki, vi = k[start : start + n], v[start : start + n]
-            else:
-                ki, vi = k_buf.index_select(0, slots), v_buf.index_select(0, slots)
+            ki, vi = k[start : start + n], v[start : start + n]
+            if mask is not None:  # the cached prefix in front of the new tokens
+                ki = torch.cat([dequantize_kv(k_buf.index_select(0, slots), q.dtype, k_scale), ki])
+                vi = torch.cat([dequantize_kv(v_buf.index_select(0, slots), q.dtype, v_scale), vi])
             ki = ki.to(q.dtype).transpose(0, 1).unsqueeze(0)  # [1, kvH, L, D]
             vi = vi.to(q.dtype).transpose(0, 1).unsqueeze(0)
             oi = F.scaled_dot_product_attention(
@@ -98,8 +102,8 @@ class TorchAttnBackend(AttentionBackend):
         v = self.kv_pool.v[layer].index_select(0, meta.slots).view(shape).transpose(1, 2)
         o = F.scaled_dot_product_attention(
             q.unsqueeze(2),
-            k.to(q.dtype),
-            v.to(q.dtype),
+            dequantize_kv(k, q.dtype, self.kv_pool.k_scale[layer]),
+            dequantize_kv(v, q.dtype, self.kv_pool.v_scale[layer]),
             attn_mask=meta.mask,
             scale=self.scale,
             enable_gqa=True,

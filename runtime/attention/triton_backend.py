@@ -7,6 +7,8 @@
   DECODE: the same store, then `decode_attention_fwd`: per KV split, one program reads each KV head
           once for its whole GQA group; the last split program of each head block to finish
           merges the splits (one kernel; `arrivals` counts them and is left zeroed).
+An FP8 pool's per-layer scales (`kv_pool.k_scale[layer]`, python floats) go to every kernel: the
+stores quantise with them, the attention kernels dequantise (CUDA graphs bake them in at capture).
 The decode workspace `(mid_o, mid_lse)` is carved from one fp32 buffer: sized per batch in eager
 mode, and once for the largest captured batch under CUDA graphs (each graph batch size keeps the
 split count it was captured with; the kernels derive each request's effective splits from its
@@ -90,12 +92,13 @@ class TritonAttnBackend(AttentionBackend):
         rotary: RotaryEmbedding | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         k_buf, v_buf, loc = self.kv_pool.k[layer], self.kv_pool.v[layer], batch.out_cache_loc
+        scales = self.kv_pool.k_scale[layer], self.kv_pool.v_scale[layer]
         if rotary is not None and rotary.fused:  # rotary and the K/V store in one kernel
-            rotary_store_kv(batch.positions, q, k, v, rotary.cos_sin, k_buf, v_buf, loc)
+            rotary_store_kv(batch.positions, q, k, v, rotary.cos_sin, k_buf, v_buf, loc, *scales)
             return q, k
         if rotary is not None:
             q, k = rotary(batch.positions, q, k)
-        store_kv(k_buf, v_buf, loc, k, v)
+        store_kv(k_buf, v_buf, loc, k, v, *scales)
         return q, k
 
     def forward_extend(
@@ -116,6 +119,8 @@ class TritonAttnBackend(AttentionBackend):
             batch.extend_start_loc,
             batch.attn_metadata,
             self.scale,
+            k_scale=self.kv_pool.k_scale[layer],
+            v_scale=self.kv_pool.v_scale[layer],
         )
 
     def forward_decode(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
@@ -133,6 +138,8 @@ class TritonAttnBackend(AttentionBackend):
             meta.mid_lse,
             self.scale,
             arrivals=self._arrivals,
+            k_scale=self.kv_pool.k_scale[layer],
+            v_scale=self.kv_pool.v_scale[layer],
         )
 
     # ---- CUDA graphs ---------------------------------------------------------------------------

@@ -9,9 +9,19 @@ from __future__ import annotations
 
 import torch
 
+from radixlm.kernels.store_kv import is_fp8, quantize_kv
+
 
 class KVPool:
     """K and V tensors of `[num_slots + 1, kv_heads, head_dim]` per layer; slot 0 is padding.
+
+    `dtype` is the model dtype, or float8_e4m3fn / float8_e5m2 for an FP8 KV cache
+    (`kv_cache_dtype`): then K/V are stored quantised, `fp8(clamp(x / scale, +-finfo.max))`
+    (computed as x * (1 / scale), see kernels/store_kv.py), and every reader dequantises,
+    `x ~= fp8.to(compute dtype) * scale`. The per-layer scales `k_scale[layer]` /
+    `v_scale[layer]` are python floats, 1.0 unless set (the SGLang/vLLM default when a checkpoint
+    carries no calibrated KV scales); set them before the first forward: CUDA graphs bake them in
+    at capture. A pool in any other dtype keeps them 1.0.
 
     NOTE: slot 0 never holds a real token: padded lanes (CUDA-graph replay, padded decode batches)
     read and write it freely.
@@ -29,7 +39,10 @@ class KVPool:
         self.num_slots = num_slots
         self.num_layers = num_layers
         self.dtype = dtype
+        self.quantized = is_fp8(dtype)
         self.device = torch.device(device)
+        self.k_scale = [1.0] * num_layers
+        self.v_scale = [1.0] * num_layers
         shape = (num_slots + 1, num_kv_heads, head_dim)
         # NOTE: uninitialised on purpose (zeroing a large pool costs seconds on CPU): a slot is
         # always written before it is read, except the padding slot 0, which is zeroed.
@@ -43,12 +56,13 @@ class KVPool:
     def bytes_per_token(
         num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
     ) -> int:
+        """K and V bytes of one token over all layers (1-byte elements for an fp8 `dtype`)."""
         return 2 * num_layers * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8
 
     def store(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write new K/V `[T, kv_heads, head_dim]` at slots `loc` `[T]`."""
-        self.k[layer][loc] = k.to(self.dtype)
-        self.v[layer][loc] = v.to(self.dtype)
+        """Write new K/V `[T, kv_heads, head_dim]` at slots `loc` `[T]` (quantised if fp8)."""
+        self.k[layer][loc] = quantize_kv(k, self.dtype, self.k_scale[layer])
+        self.v[layer][loc] = quantize_kv(v, self.dtype, self.v_scale[layer])
 
 
 class SlotAllocator:

@@ -100,7 +100,7 @@ def select_decode_gemms(model: torch.nn.Module, linear_cls: type) -> dict[str, A
     """Set `small_m_cfg` of every `linear_cls` module; returns a timing report per group."""
     groups: dict[tuple[Any, ...], list[torch.nn.Module]] = {}
     for module in model.modules():
-        if isinstance(module, linear_cls):
+        if isinstance(module, linear_cls) and not module.fp8:
             key = (*module.weight.shape, module.gated_output)
             groups.setdefault(key, []).append(module)
     summary: dict[str, Any] = {}

@@ -27,7 +27,9 @@ class Linear(nn.Module):
     layer returns `silu(gate) * up` ([.., out_features]); `fused` runs that activation as a Triton
     kernel (GPU). `small_m_cfg` (set on GPU by `gemm_select.select_decode_gemms`) holds, per
     decode batch-size bucket, the launch config of the Triton GEMV (`kernels.gemv`) that beat
-    cuBLAS for this layer, or None to keep cuBLAS."""
+    cuBLAS for this layer, or None to keep cuBLAS. After `quantize_fp8()` (`fp8`) the weight
+    is float8_e4m3fn with an fp32 `weight_scale` per row (CPU: emulated) and every call is an
+    FP8 GEMM (`runtime/models/fp8.py`); the GEMV choice then does not apply."""
 
     def __init__(
         self,
@@ -45,6 +47,19 @@ class Linear(nn.Module):
         self.gated_output = gated_output
         self.fused = fused
         self.small_m_cfg: list[dict | None] | None = None
+        self.fp8 = False
+        self.weight_scale: torch.Tensor | None = None
+
+    def quantize_fp8(self) -> None:
+        from radixlm.runtime.models.fp8 import dequantize_fp8, quantize_weight_fp8
+
+        w_q, self.weight_scale = quantize_weight_fp8(self.weight.data)
+        if self.weight.is_cuda:
+            self.weight = nn.Parameter(w_q, requires_grad=False)
+        else:  # NOTE: the CPU emulation keeps the model dtype (see runtime/models/fp8.py)
+            self.weight.data = dequantize_fp8(w_q, self.weight_scale, self.weight.dtype)
+        self.fp8 = True
+        self.small_m_cfg = None
 
     def gemv_cfg(self, m: int) -> dict | None:
         """The Triton GEMV config picked for a batch of m rows, None for cuBLAS."""
@@ -52,6 +67,10 @@ class Linear(nn.Module):
         return None if bucket is None else self.small_m_cfg[bucket]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fp8:
+            from radixlm.runtime.models.fp8 import fp8_linear
+
+            return self._activate(fp8_linear(x, self.weight, self.weight_scale, self.bias))
         cfg = self.gemv_cfg(x.shape[0])
         if cfg is None:
             return self.forward_default(x)
@@ -203,6 +222,14 @@ class LlamaForCausalLM(nn.Module):
             else Linear(config.hidden_size, config.vocab_size, bias=False)
         )
         self.rotary = RotaryEmbedding(config, max_positions, device, fused_ops)
+
+    def quantize_fp8(self) -> int:
+        """Online FP8 weights for every decoder Linear (the LM head keeps the model dtype);
+        returns how many layers were quantised."""
+        from radixlm.runtime.models.fp8 import quantize_linears_fp8
+
+        skip = () if self.lm_head is None else (self.lm_head,)
+        return quantize_linears_fp8(self, Linear, skip)
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:

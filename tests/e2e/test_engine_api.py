@@ -249,5 +249,9 @@ def test_engine_arguments_are_checked() -> None:
         Engine(bogus_flag=1)
     with pytest.raises(InvalidRequestError, match="schedule_policy"):
         Engine(schedule_policy="nope")
+    with pytest.raises(InvalidRequestError, match="kv_cache_dtype"):
+        Engine(kv_cache_dtype="int4")
+    with pytest.raises(InvalidRequestError, match="quantization"):
+        Engine(quantization="awq")
     with pytest.raises(ModelNotFoundError):
         Engine(model_path="/nonexistent/model")

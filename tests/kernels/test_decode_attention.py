@@ -1,4 +1,4 @@
-"""Decode attention (split-KV, GQA-grouped Triton) against its torch reference."""
+"""Decode attention (split-KV, GQA-grouped Triton) against its torch reference, also over FP8 pools."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from radixlm.kernels.decode_workspace import (
     decode_workspace_numel,
 )
 from radixlm.kernels.extend_attention import extend_attention
+from radixlm.kernels.store_kv import quantize_kv
 from radixlm.kernels.testing import assert_close, make_paged_batch
 
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -82,6 +83,28 @@ def test_decode_fwd_preallocated_workspace(device: str, fused_merge: bool) -> No
 
 
 @needs_triton
+@pytest.mark.parametrize(
+    ("fp8", "dtype", "fused_merge"),
+    [(torch.float8_e4m3fn, torch.bfloat16, True), (torch.float8_e5m2, torch.float16, False)],
+)
+def test_decode_fp8_pool_matches_reference(
+    device: str, fp8: torch.dtype, dtype: torch.dtype, fused_merge: bool
+) -> None:
+    """An FP8 pool with scales != 1 under bf16/fp16 queries: one request in a single split
+    (v_scale applied at its direct output) and two split across 3 (v_scale per split, merged by
+    stage 1 or by the stage-2 kernel)."""
+    batch = _decode_batch([1, 37, 70], 8, 2, 64, dtype, device, seed=3)
+    k_scale, v_scale = 0.37, 1.7
+    k_buf = quantize_kv(batch.k_buffer, fp8, k_scale)  # NaN-poisoned unused slots stay NaN
+    v_buf = quantize_kv(batch.v_buffer, fp8, v_scale)
+    args = (batch.q, k_buf, v_buf, batch.req_to_token, batch.req_pool_indices, batch.seq_lens)
+    out = torch.full_like(batch.q, float("nan"))
+    scales = {"k_scale": k_scale, "v_scale": v_scale}
+    decode_attention(*args, num_kv_splits=3, out=out, fused_merge=fused_merge, **scales)
+    assert_close(out, decode_attention_ref(*args, **scales), dtype, "decode attention (fp8)")
+
+
+@needs_triton
 def test_decode_equals_extend_of_one_token(device: str) -> None:
     """Decode and extend-with-one-new-token are the same math on the same batch."""
     batch = _decode_batch([5, 48, 31], 8, 2, 64, torch.float32, device, seed=11)
@@ -124,22 +147,27 @@ def test_workspace_views_share_one_buffer() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_decode_llama8b_long_context_cuda_graph() -> None:
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_decode_llama8b_long_context_cuda_graph(kv_dtype: torch.dtype) -> None:
     lens = [32768, 1, 4097, 900, 77, 16000, 2, 300]
     batch = _decode_batch(lens, 32, 8, 128, torch.bfloat16, "cuda", seed=2)
-    args = batch.decode_args()
+    scales = {"k_scale": 0.5, "v_scale": 1.5} if kv_dtype != torch.bfloat16 else {}
+    k_buf = quantize_kv(batch.k_buffer, kv_dtype, scales.get("k_scale", 1.0))
+    v_buf = quantize_kv(batch.v_buffer, kv_dtype, scales.get("v_scale", 1.0))
+    args = (batch.q, k_buf, v_buf, batch.req_to_token, batch.req_pool_indices, batch.seq_lens)
     splits = choose_num_kv_splits(len(lens), max(lens), 8)
     mid_o, mid_lse = alloc_decode_workspace(len(lens), 32, 128, splits, "cuda")
     out = torch.full_like(batch.q, float("nan"))
     arrivals = torch.zeros(len(lens) * 32, dtype=torch.int32, device="cuda")
-    decode_attention_fwd(*args, out, mid_o, mid_lse, arrivals=arrivals)  # compile outside
+    decode_attention_fwd(*args, out, mid_o, mid_lse, arrivals=arrivals, **scales)  # compile
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        decode_attention_fwd(*args, out, mid_o, mid_lse, arrivals=arrivals)
+        decode_attention_fwd(*args, out, mid_o, mid_lse, arrivals=arrivals, **scales)
     batch.seq_lens[0] = 20000  # data changes between replays, shapes do not
     out.fill_(float("nan"))
     graph.replay()
     graph.replay()
     torch.cuda.synchronize()
-    assert_close(out, decode_attention_ref(*args), torch.bfloat16, "decode attention (graph)")
+    expected = decode_attention_ref(*args, **scales)
+    assert_close(out, expected, torch.bfloat16, "decode attention (graph)")
     assert not arrivals.any()

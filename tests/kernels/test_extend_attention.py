@@ -1,4 +1,4 @@
-"""Extend attention (Triton) against its torch reference on small paged batches."""
+"""Extend attention (Triton) against its torch reference on small paged batches (also FP8 pools)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import torch
 
 from radixlm.kernels._triton import HAS_TRITON
 from radixlm.kernels.extend_attention import extend_attention, extend_attention_ref
+from radixlm.kernels.store_kv import quantize_kv
 from radixlm.kernels.testing import assert_close, make_paged_batch
 
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -33,6 +34,25 @@ def test_extend_matches_reference(
     out = torch.full_like(batch.q, float("nan"))
     extend_attention(*args, batch.max_extend_len, out=out)
     assert_close(out, extend_attention_ref(*args), dtype, "extend attention")
+
+
+@pytest.mark.parametrize(
+    ("fp8", "dtype"), [(torch.float8_e4m3fn, torch.float32), (torch.float8_e5m2, torch.bfloat16)]
+)
+def test_extend_fp8_pool_matches_reference(
+    device: str, fp8: torch.dtype, dtype: torch.dtype
+) -> None:
+    """The cached prefix from an FP8 pool (scales != 1), the new tokens from k/v_extend."""
+    batch = make_paged_batch([0, 37, 5], [20, 1, 9], 4, 2, 64, dtype, device, seed=4)
+    k_scale, v_scale = 0.37, 1.7
+    k_buf = quantize_kv(batch.k_buffer, fp8, k_scale)
+    v_buf = quantize_kv(batch.v_buffer, fp8, v_scale)
+    args = list(batch.extend_args())
+    args[3:5] = k_buf, v_buf
+    out = torch.full_like(batch.q, float("nan"))
+    scales = {"k_scale": k_scale, "v_scale": v_scale}
+    extend_attention(*args, batch.max_extend_len, out=out, **scales)
+    assert_close(out, extend_attention_ref(*args, **scales), dtype, "extend attention (fp8)")
 
 
 @pytest.mark.parametrize(
@@ -71,11 +91,23 @@ def test_extend_grid_larger_than_needed(device: str) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_extend_llama8b_shapes(dtype: torch.dtype) -> None:
-    """Default (tuned) configs at full shapes; fp32 tiles must still fit in shared memory."""
+@pytest.mark.parametrize(
+    ("dtype", "kv_dtype"),
+    [
+        (torch.bfloat16, torch.bfloat16),
+        (torch.float32, torch.float32),
+        (torch.bfloat16, torch.float8_e4m3fn),
+    ],
+)
+def test_extend_llama8b_shapes(dtype: torch.dtype, kv_dtype: torch.dtype) -> None:
+    """Default (tuned) configs at full shapes; fp32 tiles must still fit in shared memory, and
+    so must the converted tiles of an fp8 prefix."""
     batch = make_paged_batch([0, 1000, 4096, 7], [1024, 1, 513, 300], 32, 8, 128, dtype, "cuda")
-    args = batch.extend_args()
+    scales = {"k_scale": 0.5, "v_scale": 1.5} if kv_dtype != dtype else {}
+    args = list(batch.extend_args())
+    args[3] = quantize_kv(batch.k_buffer, kv_dtype, scales.get("k_scale", 1.0))
+    args[4] = quantize_kv(batch.v_buffer, kv_dtype, scales.get("v_scale", 1.0))
     out = torch.full_like(batch.q, float("nan"))
-    extend_attention(*args, batch.max_extend_len, out=out)
-    assert_close(out, extend_attention_ref(*args), dtype, "extend attention (8B shapes)")
+    extend_attention(*args, batch.max_extend_len, out=out, **scales)
+    expected = extend_attention_ref(*args, **scales)
+    assert_close(out, expected, dtype, "extend attention (8B shapes)")

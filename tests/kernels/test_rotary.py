@@ -101,3 +101,33 @@ def test_rotary_store_kv_matches_reference(
     torch.testing.assert_close(k, k_ref, atol=atol, rtol=rtol)
     torch.testing.assert_close(k_buf, k_buf_ref, atol=atol, rtol=rtol)
     assert torch.equal(v_buf, v_buf_ref)
+
+
+@needs_triton
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_rotary_store_kv_fp8_pool(device: str, fp8: torch.dtype) -> None:
+    """Into an FP8 pool the fused kernel stores exactly what `store_kv` would store for its
+    rotated k (rounded to k's dtype) and v: quantised with the scales, out-of-range saturated."""
+    tokens, slots, heads, kv_heads, dim, dtype = 5, 16, 4, 2, 64, torch.bfloat16
+    k_scale, v_scale = 0.37, 2.0
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, device=device).to(dtype)
+    q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], 1)
+    q, k, v = (x.view(tokens, -1, dim) for x in (q, k, v))
+    v[2, 1, :2] = torch.tensor([1e6, -1e6])  # beyond both fp8 ranges
+    positions = torch.tensor([3, 0, 17, 9, 63], device=device)
+    loc = torch.tensor([7, 2, 11, 15, 4], device=device)
+    cache = _cache(dim, 64, device)
+    k_buf = torch.zeros(slots, kv_heads, dim, device=device).to(fp8)
+    v_buf = torch.zeros_like(k_buf)
+    q_ref, k_ref = q.clone(), k.clone()
+    rotary_embedding_ref(positions, q_ref, k_ref, cache)
+    rotary_store_kv(positions, q, k, v, cache, k_buf, v_buf, loc, k_scale, v_scale)
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(q, q_ref, atol=atol, rtol=rtol)
+    torch.testing.assert_close(k, k_ref, atol=atol, rtol=rtol)
+    k_buf_ref, v_buf_ref = torch.zeros_like(k_buf), torch.zeros_like(v_buf)
+    store_kv_ref(k_buf_ref, v_buf_ref, loc, k, v, k_scale, v_scale)
+    assert torch.equal(k_buf.view(torch.uint8), k_buf_ref.view(torch.uint8))
+    assert torch.equal(v_buf.view(torch.uint8), v_buf_ref.view(torch.uint8))
+    fp8_max = torch.finfo(fp8).max
+    assert v_buf[loc[2], 1, :2].float().tolist() == [fp8_max, -fp8_max]
