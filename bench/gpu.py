@@ -5,7 +5,8 @@ Sections (`--sections`, comma-separated, all by default):
             dummy-weight Llamas (fp32), and CUDA-graph replay == eager (fp32 and bf16)
   hf        transformers `generate` on Llama-3-8B shapes (dummy bf16): batch 1 and batch 64
   decode    radixlm batch-1 decode vs the bandwidth roofline (weights + KV bytes per step over the
-            copy bandwidth measured in this run), batch 8 / 64, CUDA graphs on vs off
+            copy bandwidth measured in this run), batch 8 / 64, CUDA graphs on vs off; the model
+            alone at batch 1 with FP8 weights against its own (halved-weight) roofline
   offline   512 requests x 1024 random input tokens / 256 output tokens, throughput vs `hf`;
             in bf16, with FP8 weights, an FP8 KV cache, and both (`--offline-variants`)
   gemv      cuBLAS vs the Triton small-batch GEMV on the model's linear shapes (the engine keeps
@@ -101,11 +102,14 @@ def section_parity(args: argparse.Namespace) -> None:
     RESULTS["parity"] = out
 
 
-def _weight_bytes(cfg: Any, dtype_bytes: int = 2) -> int:
+def _weight_bytes(cfg: Any, dtype_bytes: int = 2, linear_bytes: int = 2) -> int:
+    """Bytes a decode step reads: decoder linears at `linear_bytes` per weight (1 with
+    `quantization="fp8"`), norms and the LM head at `dtype_bytes`."""
     h, i = cfg.hidden_size, cfg.intermediate_size
-    per_layer = (cfg.q_size + 2 * cfg.kv_size) * h + cfg.q_size * h + 3 * i * h + 2 * h
+    linears = (cfg.q_size + 2 * cfg.kv_size) * h + cfg.q_size * h + 3 * i * h
     head = cfg.vocab_size * h  # lm_head (the embedding lookup reads only a few rows)
-    return (cfg.num_hidden_layers * per_layer + h + head) * dtype_bytes
+    layers = cfg.num_hidden_layers
+    return layers * linears * linear_bytes + (layers * 2 * h + h + head) * dtype_bytes
 
 
 def _kv_bytes_per_token(cfg: Any, dtype_bytes: int = 2) -> int:
@@ -132,7 +136,9 @@ def _decode_rate(eng: Any, batch: int, prompt_len: int, new: int, vocab: int) ->
     return batch * (new - 1) / max(1e-9, total - prefill)
 
 
-def _runner_decode_tok_s(model: str, batch: int, ctx: int, steps: int = 200) -> float:
+def _runner_decode_tok_s(
+    model: str, batch: int, ctx: int, steps: int = 200, **variant: Any
+) -> float:
     """Decode tokens/s of the model alone: graph replay + lm_head + argmax, back to back with no
     scheduler in between (what the GPU can do; the engine's rate over it is the host's share)."""
     import torch
@@ -151,6 +157,7 @@ def _runner_decode_tok_s(model: str, batch: int, ctx: int, steps: int = 200) -> 
         max_running_requests=batch,
         max_total_tokens=batch * (ctx + 1) + 16,
         cuda_graph_max_bs=batch,
+        **variant,
     )
     runner = ModelRunner(args, resolve_model(model, "dummy"))
     dev = runner.device
@@ -215,6 +222,15 @@ def section_decode(args: argparse.Namespace) -> None:
     out["batch1_model_only_fraction_of_roofline"] = round(
         out["decode_bs1_model_only_tok_s"] / roofline, 3
     )
+    # FP8 weights (`quantization="fp8"`): half the linear bytes, so their own roofline.
+    fp8_roofline = bw * 1e9 / (_weight_bytes(cfg, 2, 1) + avg_ctx * _kv_bytes_per_token(cfg))
+    rate = _runner_decode_tok_s(args.model, 1, int(avg_ctx), quantization="fp8")
+    gc.collect()
+    torch.cuda.empty_cache()
+    out["decode_bs1_model_only_fp8_tok_s"] = round(rate, 1)
+    out["batch1_fp8_roofline_tok_s"] = round(fp8_roofline, 1)
+    out["batch1_model_only_fp8_fraction_of_fp8_roofline"] = round(rate / fp8_roofline, 3)
+    _log(f"decode_bs1_model_only_fp8_tok_s: {rate:.1f} (fp8 roofline {fp8_roofline:.1f})")
     RESULTS["decode"] = out
 
 

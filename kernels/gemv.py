@@ -13,7 +13,9 @@ tile (weights are never written by the previous kernel) and only then waits for 
 
 Layouts:
     x: [M, K], M <= 16, last dim contiguous
-    w: [N, K] row-major (the nn.Linear layout), same dtype as x (bf16/fp16/fp32)
+    w: [N, K] row-major (the nn.Linear layout), same dtype as x (bf16/fp16/fp32), or
+       float8_e4m3fn with `w_scale` [N] fp32 (a layer of `quantization="fp8"`): a weight-only FP8
+       GEMV, each row's dot products scaled by its w_scale at the end, x kept in its dtype
     returns [M, N] in x's dtype.
 The runtime does not assume this beats cuBLAS: `radixlm.runtime.models.gemm_select` times both
 once per weight shape on the GPU (inside CUDA graphs, weights cold in L2) and keeps the faster.
@@ -37,9 +39,10 @@ from radixlm.kernels._triton import (
 )
 
 
-def gemv_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def gemv_ref(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Reference: fp32 accumulation, result in x's dtype."""
-    return (x.float() @ w.float().t()).to(x.dtype)
+    y = x.float() @ w.float().t()
+    return (y if w_scale is None else y * w_scale.float()).to(x.dtype)
 
 
 @jit
@@ -54,6 +57,7 @@ def _load_x(X, offs_m, offs_k, mask_m, K, stride_xm, EVEN_K: tl.constexpr):
 def _gemv_kernel(
     X,
     W,
+    WScale,
     Out,
     M,
     N,
@@ -65,6 +69,7 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -90,6 +95,8 @@ def _gemv_kernel(
         w_next = tl.load(w_ptrs + k0 + BLOCK_K, mask=(next_k < K)[None, :], other=0.0)
         acc += tl.sum(x[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
         w = w_next
+    if HAS_SCALE:
+        acc = acc * tl.load(WScale + rows)[None, :]
     out_ptrs = Out + offs_m[:, None] * stride_om + offs_n[None, :]
     tl.store(out_ptrs, acc.to(Out.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
@@ -98,6 +105,7 @@ def _gemv_kernel(
 def _gemv_persistent_kernel(
     X,
     W,
+    WScale,
     Out,
     M,
     N,
@@ -111,6 +119,7 @@ def _gemv_persistent_kernel(
     BLOCK_K: tl.constexpr,
     K_TILES: tl.constexpr,
     EVEN_K: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """A fixed grid of a few programs per SM, each streaming a contiguous run of row blocks as
@@ -148,6 +157,8 @@ def _gemv_persistent_kernel(
         w = w_next
         if t % K_TILES == K_TILES - 1:
             offs_n = (t // K_TILES) * BLOCK_N + offs_b
+            if HAS_SCALE:
+                acc = acc * tl.load(WScale + tl.minimum(offs_n, N - 1))[None, :]
             out_ptrs = Out + offs_m[:, None] * stride_om + offs_n[None, :]
             out_mask = mask_m[:, None] & (offs_n < N)[None, :]
             tl.store(out_ptrs, acc.to(Out.dtype.element_ty), mask=out_mask)
@@ -187,8 +198,9 @@ def gemv(
     num_warps: int = 4,
     per_sm: int = 0,
     num_stages: int | None = None,
+    w_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`x @ w.T` for small M.
+    """`x @ w.T` for small M (times `w_scale` per output feature for an FP8 `w`).
 
     `per_sm` > 0 launches the persistent kernel with that many programs per SM, at most as many
     as can be resident together (off CUDA, e.g. in the interpreter, `per_sm` programs in all)."""
@@ -196,15 +208,21 @@ def gemv(
     m = x.shape[0]
     n, k = w.shape
     assert x.shape[1] == k, (x.shape, w.shape)
-    assert x.dtype == w.dtype and m <= 16 and x.stride(1) == 1 and w.stride(1) == 1
+    assert m <= 16 and x.stride(1) == 1 and w.stride(1) == 1
+    if w_scale is None:
+        assert x.dtype == w.dtype
+    else:
+        assert w.dtype == torch.float8_e4m3fn and w_scale.shape == (n,), "FP8 rows and a scale each"
     out = x.new_empty((m, n))
     block_k = min(block_k, next_power_of_2(k))
     common = dict(
         BLOCK_M=max(1, next_power_of_2(m)), BLOCK_N=block_n, BLOCK_K=block_k,
-        EVEN_K=k % block_k == 0, num_warps=num_warps, **pdl_launch_args(x.device),
+        EVEN_K=k % block_k == 0, HAS_SCALE=w_scale is not None, num_warps=num_warps,
+        **pdl_launch_args(x.device),
         **({} if num_stages is None else {"num_stages": num_stages}),
     )  # fmt: skip
-    args = (x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0))
+    scale = w if w_scale is None else w_scale  # NOTE: never read without HAS_SCALE
+    args = (x, w, scale, out, m, n, k, x.stride(0), w.stride(0), out.stride(0))
     row_blocks = cdiv(n, block_n)
     if per_sm > 0 and x.device.type != "cuda":
         grid = (min(row_blocks, per_sm),)
@@ -214,7 +232,7 @@ def gemv(
         # would run as a tail wave, and with PDL the next kernel could not start (its programs
         # launch only once every program here has started). per_sm is capped at what fits.
         index = x.device.index or 0
-        key = (index, cdiv(k, block_k), x.dtype, *sorted(common.items()))
+        key = (index, cdiv(k, block_k), x.dtype, w.dtype, *sorted(common.items()))
         per_sm = min(per_sm, _RESIDENT.get(key, per_sm))
         grid = (min(row_blocks, _num_sms(index) * per_sm),)
         compiled = _gemv_persistent_kernel[grid](
@@ -237,3 +255,5 @@ GEMV_CONFIGS = (
     {"block_n": 4, "block_k": 1024, "num_warps": 4},
     {"block_n": 8, "block_k": 1024, "num_warps": 4},
 )
+# FP8 weights: the same, and each with twice the K tile (the same bytes per tile as bf16).
+FP8_GEMV_CONFIGS = GEMV_CONFIGS + tuple({**c, "block_k": 2 * c["block_k"]} for c in GEMV_CONFIGS)

@@ -94,7 +94,7 @@ class ModelRunner:
             from radixlm.runtime.models.gemm_select import select_decode_gemms
             from radixlm.runtime.models.llama import Linear
 
-            self.gemm_choices = select_decode_gemms(self.model, Linear)
+            self.gemm_choices = select_decode_gemms(self.model, Linear, self.dtype)
         self.graphs = None
         if self.device.type == "cuda" and not args.disable_cuda_graph:
             from radixlm.runtime.cuda_graph_runner import CudaGraphRunner

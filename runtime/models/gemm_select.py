@@ -10,6 +10,8 @@ gate_up, the matmul and then the activation kernel): cuBLAS, or the Triton GEMV 
 (>= 3 %), so that timing noise cannot flip a layer away from cuBLAS. Larger batches always use
 cuBLAS. (A gate_up GEMV with the activation in its epilogue won in isolation but not in the real
 step on the H200, runs 7-9; the plain GEMV followed by the activation kernel won in both, run 15.)
+An FP8 layer (`quantization="fp8"`) chooses the same way between its FP8 GEMM (cuBLASLt, inputs
+quantised per token) and the weight-only FP8 GEMV with each `FP8_GEMV_CONFIGS` entry.
 """
 
 from __future__ import annotations
@@ -70,15 +72,17 @@ def _layer_ms(layers: list[torch.nn.Module], x: torch.Tensor, cfg: dict[str, Any
     return graph_time_ms([functools.partial(layer, x) for layer in layers], x.device)
 
 
-def _choose(layers: list[torch.nn.Module], m: int) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+def _choose(
+    layers: list[torch.nn.Module], m: int, dtype: torch.dtype
+) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """(best Triton config or None for cuBLAS, timing report) for `m` rows through `layers`."""
-    from radixlm.kernels.gemv import GEMV_CONFIGS
+    from radixlm.kernels.gemv import FP8_GEMV_CONFIGS, GEMV_CONFIGS
 
     w = layers[0].weight
-    x = torch.randn(m, w.shape[1], device=w.device, dtype=w.dtype)
+    x = torch.randn(m, w.shape[1], device=w.device, dtype=dtype)
     base = _layer_ms(layers, x, None)
     best, best_ms = None, base
-    for cfg in GEMV_CONFIGS:
+    for cfg in FP8_GEMV_CONFIGS if layers[0].fp8 else GEMV_CONFIGS:
         try:
             ms = _layer_ms(layers, x, cfg)
         except Exception:  # a config that cannot run on this device is skipped
@@ -96,17 +100,21 @@ def _choose(layers: list[torch.nn.Module], m: int) -> tuple[dict[str, Any] | Non
     return best, report
 
 
-def select_decode_gemms(model: torch.nn.Module, linear_cls: type) -> dict[str, Any]:
-    """Set `small_m_cfg` of every `linear_cls` module; returns a timing report per group."""
+def select_decode_gemms(
+    model: torch.nn.Module, linear_cls: type, dtype: torch.dtype
+) -> dict[str, Any]:
+    """Set `small_m_cfg` of every `linear_cls` module (inputs of `dtype`, the model's); returns a
+    timing report per group."""
     groups: dict[tuple[Any, ...], list[torch.nn.Module]] = {}
     for module in model.modules():
-        if isinstance(module, linear_cls) and not module.fp8:
-            key = (*module.weight.shape, module.gated_output)
+        if isinstance(module, linear_cls):
+            key = (*module.weight.shape, module.gated_output, module.weight.dtype)
             groups.setdefault(key, []).append(module)
     summary: dict[str, Any] = {}
-    for (n, k, gated), layers in groups.items():
-        picked = [_choose(layers, m) for m in BUCKETS]
-        summary[f"{n}x{k}{'_gated' if gated else ''}"] = [report for _, report in picked]
+    for (n, k, gated, w_dtype), layers in groups.items():
+        picked = [_choose(layers, m, dtype) for m in BUCKETS]
+        name = f"{n}x{k}{'_gated' if gated else ''}{'_fp8' if w_dtype.itemsize == 1 else ''}"
+        summary[name] = [report for _, report in picked]
         for layer in layers:
             layer.small_m_cfg = [cfg for cfg, _ in picked]
     torch.cuda.empty_cache()

@@ -28,8 +28,8 @@ class Linear(nn.Module):
     kernel (GPU). `small_m_cfg` (set on GPU by `gemm_select.select_decode_gemms`) holds, per
     decode batch-size bucket, the launch config of the Triton GEMV (`kernels.gemv`) that beat
     cuBLAS for this layer, or None to keep cuBLAS. After `quantize_fp8()` (`fp8`) the weight
-    is float8_e4m3fn with an fp32 `weight_scale` per row (CPU: emulated) and every call is an
-    FP8 GEMM (`runtime/models/fp8.py`); the GEMV choice then does not apply."""
+    is float8_e4m3fn with an fp32 `weight_scale` per row (CPU: emulated) and the torch path is an
+    FP8 GEMM (`runtime/models/fp8.py`); the GEMV then reads the FP8 rows (weight-only)."""
 
     def __init__(
         self,
@@ -59,7 +59,6 @@ class Linear(nn.Module):
         else:  # NOTE: the CPU emulation keeps the model dtype (see runtime/models/fp8.py)
             self.weight.data = dequantize_fp8(w_q, self.weight_scale, self.weight.dtype)
         self.fp8 = True
-        self.small_m_cfg = None
 
     def gemv_cfg(self, m: int) -> dict | None:
         """The Triton GEMV config picked for a batch of m rows, None for cuBLAS."""
@@ -67,20 +66,23 @@ class Linear(nn.Module):
         return None if bucket is None else self.small_m_cfg[bucket]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fp8:
-            from radixlm.runtime.models.fp8 import fp8_linear
-
-            return self._activate(fp8_linear(x, self.weight, self.weight_scale, self.bias))
         cfg = self.gemv_cfg(x.shape[0])
         if cfg is None:
             return self.forward_default(x)
         from radixlm.kernels.gemv import gemv
 
-        y = gemv(x, self.weight, **cfg)
+        # NOTE: an FP8 layer's GEMV is weight-only (x unquantised); on CPU (emulated FP8) the
+        # weight already holds the dequantised values.
+        fp8_rows = self.weight.dtype == torch.float8_e4m3fn
+        y = gemv(x, self.weight, **cfg, **({"w_scale": self.weight_scale} if fp8_rows else {}))
         return self._activate(y if self.bias is None else y + self.bias)
 
     def forward_default(self, x: torch.Tensor) -> torch.Tensor:
-        """The torch (cuBLAS) path, whatever `small_m_cfg` holds."""
+        """The torch path (cuBLAS; an FP8 GEMM for an FP8 layer), whatever `small_m_cfg` holds."""
+        if self.fp8:
+            from radixlm.runtime.models.fp8 import fp8_linear
+
+            return self._activate(fp8_linear(x, self.weight, self.weight_scale, self.bias))
         return self._activate(F.linear(x, self.weight, self.bias))
 
     def _activate(self, y: torch.Tensor) -> torch.Tensor:

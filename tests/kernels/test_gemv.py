@@ -106,3 +106,17 @@ def test_gated_linear_fused_activation_matches_torch(device) -> None:
     out = fused(x)
     assert out.shape == (5, 40)
     torch.testing.assert_close(out, plain(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("config", [PERSISTENT, PLAIN], ids=["persistent", "plain"])
+def test_gemv_fp8_weights(device, config) -> None:
+    """FP8 rows with a scale each (`quantization="fp8"`): the dequantised weights' product."""
+    from radixlm.runtime.models.fp8 import dequantize_fp8, quantize_weight_fp8
+
+    x = torch.randn(3, 300, device=device).bfloat16()
+    w_q, scale = quantize_weight_fp8(torch.randn(33, 300, device=device))
+    out = gemv(x, w_q, w_scale=scale, **{**config, "block_k": 64})
+    assert out.dtype == torch.bfloat16 and out.shape == (3, 33)
+    expected = x.float() @ dequantize_fp8(w_q, scale, torch.float32).T
+    torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=5e-2)
+    torch.testing.assert_close(out, gemv_ref(x, w_q, scale))
