@@ -12,7 +12,9 @@ are those of the FP8 path while the GEMM runs at fp32 speed (oneDNN's FP8 `_scal
 30x slower than fp32 there, and converting FP8 weights per call 15x). No memory is saved on CPU.
 
 Data flow of one layer: x [M, K] -> (x_q [M, K] fp8, x_scale [M, 1]) -> _scaled_mm(x_q, W_q^T,
-x_scale, w_scale [1, N]) -> y [M, N] in the model dtype (+ bias).
+x_scale, w_scale [1, N]) -> y [M, N] in the model dtype (+ bias). At decode batches of <= 8
+rows `gemm_select` may give a layer the weight-only FP8 GEMV instead (`kernels/gemv.py`: x left
+unquantised), where that measured faster.
 
 # NOTE: `_scaled_mm` needs K and N to be multiples of 16; a layer whose shape is not keeps its
 # original weight (and the model stays correct, just not quantised there).
