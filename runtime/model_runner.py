@@ -15,6 +15,7 @@ import torch
 
 from radixlm.kernels.decode_inputs import DECODE_INPUT_ROWS
 from radixlm.runtime.attention.base import AttentionBackend
+from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.forward_batch import ForwardBatch
 from radixlm.runtime.mem.kv_pool import KVPool, ReqToTokenPool
 from radixlm.runtime.models.llama import LlamaForCausalLM
@@ -54,6 +55,23 @@ def resolve_dtype(dtype: str, device: torch.device, checkpoint_dtype: str) -> to
     return torch.float16 if checkpoint_dtype == "float16" else torch.bfloat16
 
 
+def check_fp8_support(args: ServerArgs, capability: tuple[int, int] | None) -> None:
+    """FP8 weights or KV need a GPU of compute capability >= 8.9 (Ada, Hopper); `capability` is
+    None on CPU, where FP8 is emulated. Raises InvalidRequestError naming the argument."""
+    if capability is None or capability >= (8, 9):
+        return
+    for name, value in (
+        ("quantization", args.quantization),
+        ("kv_cache_dtype", args.kv_cache_dtype),
+    ):
+        if value not in (None, "auto"):
+            raise InvalidRequestError(
+                f"{name}={value!r} needs a GPU of compute capability >= 8.9 (Ada/Hopper); "
+                f"this one is {capability[0]}.{capability[1]}",
+                name,
+            )
+
+
 def resolve_kv_cache_dtype(kv_cache_dtype: str, dtype: torch.dtype) -> torch.dtype:
     """The KV pool's element dtype: `auto` is the model dtype; fp8_e4m3 / fp8_e5m2 an FP8 cache."""
     return dtype if kv_cache_dtype == "auto" else _KV_CACHE_DTYPES[kv_cache_dtype]
@@ -82,6 +100,8 @@ class ModelRunner:
         if args.random_seed is not None:
             torch.manual_seed(args.random_seed)
         self.context_len = args.context_length or self.config.max_position_embeddings
+        cuda = self.device.type == "cuda"
+        check_fp8_support(args, torch.cuda.get_device_capability(self.device) if cuda else None)
         self.model = self._load_model(source)
         self.kv_pool, self.req_to_token = self._init_memory()
         self.attn = self._make_attention_backend()

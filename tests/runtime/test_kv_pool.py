@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from radixlm.kernels.store_kv import dequantize_kv
+from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.mem.kv_pool import KVPool
-from radixlm.runtime.model_runner import resolve_kv_cache_dtype
+from radixlm.runtime.model_runner import check_fp8_support, resolve_kv_cache_dtype
+from radixlm.runtime.server_args import ServerArgs
 
 
 def test_kv_cache_dtype_resolves_and_halves_bytes() -> None:
@@ -47,3 +49,16 @@ def test_scales_need_an_fp8_pool() -> None:
     pool.k_scale[0] = 2.0
     with pytest.raises(AssertionError, match="fp8"):
         pool.store(0, torch.tensor([1]), torch.ones(1, 1, 8), torch.ones(1, 1, 8))
+
+
+def test_fp8_needs_ada_or_hopper_on_a_gpu() -> None:
+    fp8_kv, fp8_w = ServerArgs(kv_cache_dtype="fp8_e5m2"), ServerArgs(quantization="fp8")
+    for args in (fp8_kv, fp8_w, ServerArgs()):
+        check_fp8_support(args, None)  # CPU: emulated
+        check_fp8_support(args, (9, 0))
+        check_fp8_support(args, (8, 9))
+    check_fp8_support(ServerArgs(), (8, 0))
+    with pytest.raises(InvalidRequestError, match=r"kv_cache_dtype='fp8_e5m2' .* 8\.0"):
+        check_fp8_support(fp8_kv, (8, 0))
+    with pytest.raises(InvalidRequestError, match="quantization='fp8'"):
+        check_fp8_support(fp8_w, (7, 5))
