@@ -2,7 +2,8 @@
 
 Sections (`--sections`, comma-separated, all by default):
   parity    greedy tokens of the engine (triton backend + CUDA graphs) == transformers on small
-            dummy-weight Llamas (fp32), and CUDA-graph replay == eager (fp32 and bf16)
+            dummy-weight Llamas (fp32), and CUDA-graph replay == eager; small-llama-hd128 also
+            decodes a 4500-token prompt
   hf        transformers `generate` on Llama-3-8B shapes (dummy bf16): batch 1 and batch 64
   decode    radixlm batch-1 decode vs the bandwidth roofline (weights + KV bytes per step over the
             copy bandwidth measured in this run), batch 8 / 64, CUDA graphs on vs off; the model
@@ -74,6 +75,8 @@ def section_parity(args: argparse.Namespace) -> None:
         rng = random.Random(1)
         prompts = [[rng.randrange(3, vocab) for _ in range(n)] for n in (5, 17, 33, 64, 100, 257)]
         prompts.append(prompts[4][:50] + prompts[1])  # shares a prefix (radix cache hit mid-block)
+        if preset == "small-llama-hd128":  # a context past 4096 tokens
+            prompts.append([rng.randrange(3, vocab) for _ in range(4500)])
         expected = [ref.greedy(p, 32) for p in prompts]
         del ref
         gc.collect()
@@ -81,8 +84,7 @@ def section_parity(args: argparse.Namespace) -> None:
         params = {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
         results = {}
         runs = [("graphs_fp32", {"dtype": "float32"})]
-        if preset == "small-llama":
-            runs.append(("eager_fp32", {"dtype": "float32", "disable_cuda_graph": True}))
+        runs.append(("eager_fp32", {"dtype": "float32", "disable_cuda_graph": True}))
         for name, kw in runs:
             eng = _engine(preset, mem_fraction_static=0.3, cuda_graph_max_bs=16, **kw)
             try:

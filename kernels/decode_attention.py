@@ -28,7 +28,12 @@ each head block to finish (with arrival counters) or by a second kernel (decode_
 # CUDA-graph safe.
 
 # NOTE (FP8 pool): tiles are loaded as fp8 and converted to q's dtype for the `mma`s (exact: every
-# e4m3/e5m2 value is representable in fp16/bf16/fp32); the scales cost nothing per element:
+# e4m3/e5m2 value is representable in fp16/bf16/fp32), except that with a bf16 q both products
+# run in fp16 (FP16_MMA: q clamped to fp16's finite range, then rounded; the probabilities and
+# the fp8 values convert exactly or more precisely than to bf16). fp8 -> fp16 is one conversion
+# per two elements, fp8 -> bf16 goes through fp32: the kernel is bound by that per-element work,
+# and fp16 measured 14-19 % faster at batch 1-64, 4k-32k (docs/benchmarks.md, run 31). The
+# scales cost nothing per element:
 # k_scale is folded into qk_scale, and v_scale multiplies each split's normalised output (the
 # merge is a convex combination of split outputs, so scaling each one equals scaling the result).
 """
@@ -141,6 +146,7 @@ def _decode_stage1_kernel(
     PREC: tl.constexpr,
     UPCAST: tl.constexpr,
     V_SCALED: tl.constexpr,
+    FP16_MMA: tl.constexpr,
     BLOCK_S: tl.constexpr,
     CHUNK: tl.constexpr,
     FUSED_MERGE: tl.constexpr,
@@ -174,6 +180,8 @@ def _decode_stage1_kernel(
             mask=mask_h[:, None] & mask_d[None, :],
             other=0.0,
         )
+        if FP16_MMA:
+            q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
         m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
         acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
@@ -187,7 +195,7 @@ def _decode_stage1_kernel(
                 KBuf + slots[None, :] * stride_kbs + kv_h * stride_kbh + offs_d[:, None],
                 mask=mask_n[None, :] & mask_d[:, None],
                 other=0.0,
-            ).to(Q.dtype.element_ty)  # NOTE: a no-op unless the pool is fp8
+            ).to(q.dtype)  # NOTE: a no-op unless the pool is fp8
             qk = mma(q, k, PREC, UPCAST) * qk_scale  # [BLOCK_H, BLOCK_N], log2 units
             qk = tl.where(mask_n[None, :], qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -198,7 +206,7 @@ def _decode_stage1_kernel(
                 VBuf + slots[:, None] * stride_vbs + kv_h * stride_vbh + offs_d[None, :],
                 mask=mask_n[:, None] & mask_d[None, :],
                 other=0.0,
-            ).to(Q.dtype.element_ty)
+            ).to(q.dtype)
             acc = acc * alpha[:, None] + mma(p.to(v.dtype), v, PREC, UPCAST)
             m_i = m_new
         mask_hd = mask_h[:, None] & mask_d[None, :]
@@ -263,7 +271,7 @@ def decode_block_config(
 
     # NOTE (FP8 pool): BLOCK_N is sized from the pool's element size, i.e. from the bytes a K/V
     # tile streams through shared memory, so an fp8 tile holds twice the rows of a bf16 one in
-    # the same bytes, up to the same cap of 128 rows (the tile converted to bf16 for the `mma`
+    # the same bytes, up to the same cap of 128 rows (the tile converted to 16 bits for the `mma`
     # then takes as many registers as the measured bf16 tile of 128 rows). At head_dim 128 this
     # gives 128 rows at every batch size: unchanged from bf16 at batch >= 16 (16 KB tiles instead
     # of 32 KB), and below batch 16 the same 16 KB of shared memory per tile as bf16's halved
@@ -278,7 +286,9 @@ def decode_block_config(
     # batch 8-64 (a K/V tile of 32 KB). Below batch 16 the tile is halved: inside the real decode
     # step at batch 1 that measured +1.2-2.7 % tokens/s at contexts of 256-2048 (likely because
     # 128 KB of shared memory per program kept it from sharing SMs with the neighbouring kernels
-    # that PDL starts early), although alone at 32k context the larger tile streams better.
+    # that PDL starts early), although alone at 32k context the larger tile streams better
+    # (batch 1: 79.9 % of copy bandwidth against 67.7 %, run 31). A second batch-1 graph with
+    # the larger tile for long contexts lost 2-10 % in the step at every context of 1k-8k (run 32).
     row_bytes = next_power_of_2(head_dim) * torch.empty((), dtype=dtype).element_size()
     tile_bytes = (32 if batch >= 16 else 16) << 10
     block_n = max(16, min(128, tile_bytes // row_bytes))
@@ -369,6 +379,7 @@ def decode_attention_fwd(
         **merge_sizes,
         **dot_flags(q.dtype),
         V_SCALED=v_scale != 1.0,
+        FP16_MMA=is_fp8(k_buffer.dtype) and q.dtype == torch.bfloat16,
         FUSED_MERGE=fused,
         FENCE=not interpreting(),
         num_warps=num_warps,

@@ -16,7 +16,11 @@ Layouts:
     w: [N, K] row-major (the nn.Linear layout), same dtype as x (bf16/fp16/fp32), or
        float8_e4m3fn with `w_scale` [N] fp32 (a layer of `quantization="fp8"`): a weight-only FP8
        GEMV, each row's dot products scaled by its w_scale at the end, x kept in its dtype
-    returns [M, N] in x's dtype.
+    returns [M, N] in x's dtype; with `gated=True` (Llama's gate_up: W stacks gate and up, N =
+    2 * I) returns `silu(gate) * up` [M, I] instead: each program streams gate row j and up row
+    I + j side by side (rows 2b and 2b + 1 of its tile) and applies the activation to its own
+    accumulators before the store, so no [M, 2 * I] intermediate is written (the rounding is the
+    activation kernel's, `kernels.activation.silu_gate`).
 The runtime does not assume this beats cuBLAS: `radixlm.runtime.models.gemm_select` times both
 once per weight shape on the GPU (inside CUDA graphs, weights cold in L2) and keeps the faster.
 """
@@ -37,12 +41,51 @@ from radixlm.kernels._triton import (
     require_triton,
     tl,
 )
+from radixlm.kernels.activation import silu_and_mul_ref, silu_gate
 
 
-def gemv_ref(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """Reference: fp32 accumulation, result in x's dtype."""
+def gemv_ref(
+    x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor | None = None, gated: bool = False
+) -> torch.Tensor:
+    """Reference: fp32 accumulation, result in x's dtype (then the activation, if gated)."""
     y = x.float() @ w.float().t()
-    return (y if w_scale is None else y * w_scale.float()).to(x.dtype)
+    y = (y if w_scale is None else y * w_scale.float()).to(x.dtype)
+    return silu_and_mul_ref(y) if gated else y
+
+
+@jit
+def _tile_rows(row_block, offs_b, N, BLOCK_N: tl.constexpr, GATED: tl.constexpr):
+    """Weight rows of a row block's tile (int64). Plain: BLOCK_N consecutive rows. Gated: output
+    features j of the block interleaved as (gate j, up I + j) pairs, I = N // 2.
+    NOTE: rows past the end re-read the last row (in bounds) instead of masking every load."""
+    if GATED:
+        inter = N // 2
+        j = tl.minimum(row_block * (BLOCK_N // 2) + offs_b // 2, inter - 1)
+        return (j + (offs_b % 2) * inter).to(tl.int64)
+    return tl.minimum(row_block * BLOCK_N + offs_b, N - 1).to(tl.int64)
+
+
+@jit
+def _store_tile(
+    acc, Out, WScale, rows, row_block, offs_m, mask_m, N, stride_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr, HAS_SCALE: tl.constexpr,
+):  # fmt: skip
+    """Scale (FP8 rows), activate (gated) and store one row block's [BLOCK_M, BLOCK_N] sums."""
+    if HAS_SCALE:
+        acc = acc * tl.load(WScale + rows)[None, :]
+    if GATED:
+        gate, up = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
+        vals = silu_gate(gate, up, Out.dtype.element_ty)
+        offs_n = row_block * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        n_out = N // 2
+    else:
+        vals = acc
+        offs_n = row_block * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_out = N
+    out_ptrs = Out + offs_m[:, None] * stride_om + offs_n[None, :]
+    tl.store(
+        out_ptrs, vals.to(Out.dtype.element_ty), mask=mask_m[:, None] & (offs_n < n_out)[None, :]
+    )
 
 
 @jit
@@ -69,14 +112,12 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
+    GATED: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
-    # NOTE: rows past N re-read row N - 1 (in bounds) instead of masking every weight load.
-    rows = tl.minimum(offs_n, N - 1).to(tl.int64)
+    rows = _tile_rows(pid, tl.arange(0, BLOCK_N), N, BLOCK_N, GATED)
     offs_m = tl.arange(0, BLOCK_M)
     mask_m = offs_m < M
     offs_k = tl.arange(0, BLOCK_K)
@@ -95,10 +136,21 @@ def _gemv_kernel(
         w_next = tl.load(w_ptrs + k0 + BLOCK_K, mask=(next_k < K)[None, :], other=0.0)
         acc += tl.sum(x[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
         w = w_next
-    if HAS_SCALE:
-        acc = acc * tl.load(WScale + rows)[None, :]
-    out_ptrs = Out + offs_m[:, None] * stride_om + offs_n[None, :]
-    tl.store(out_ptrs, acc.to(Out.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    _store_tile(
+        acc,
+        Out,
+        WScale,
+        rows,
+        pid,
+        offs_m,
+        mask_m,
+        N,
+        stride_om,
+        BLOCK_M,
+        BLOCK_N,
+        GATED,
+        HAS_SCALE,
+    )
 
 
 @jit
@@ -119,6 +171,7 @@ def _gemv_persistent_kernel(
     BLOCK_K: tl.constexpr,
     K_TILES: tl.constexpr,
     EVEN_K: tl.constexpr,
+    GATED: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -133,7 +186,7 @@ def _gemv_persistent_kernel(
     mask_m = offs_m < M
     offs_b = tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    rows = tl.minimum((t // K_TILES) * BLOCK_N + offs_b, N - 1).to(tl.int64)
+    rows = _tile_rows(t // K_TILES, offs_b, N, BLOCK_N, GATED)
     # NOTE: the grid never exceeds the row blocks, so every program owns at least one tile.
     w = tl.load(
         W + rows[:, None] * stride_wn + offs_k[None, :], mask=(offs_k < K)[None, :], other=0.0
@@ -146,7 +199,7 @@ def _gemv_persistent_kernel(
         k0 = (t % K_TILES) * BLOCK_K
         x = _load_x(X, offs_m, k0 + offs_k, mask_m, K, stride_xm, EVEN_K)
         nt = t + 1
-        n_rows = tl.minimum((nt // K_TILES) * BLOCK_N + offs_b, N - 1).to(tl.int64)
+        n_rows = _tile_rows(nt // K_TILES, offs_b, N, BLOCK_N, GATED)
         n_k = (nt % K_TILES) * BLOCK_K + offs_k
         w_next = tl.load(
             W + n_rows[:, None] * stride_wn + n_k[None, :],
@@ -156,12 +209,12 @@ def _gemv_persistent_kernel(
         acc += tl.sum(x[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
         w = w_next
         if t % K_TILES == K_TILES - 1:
-            offs_n = (t // K_TILES) * BLOCK_N + offs_b
-            if HAS_SCALE:
-                acc = acc * tl.load(WScale + tl.minimum(offs_n, N - 1))[None, :]
-            out_ptrs = Out + offs_m[:, None] * stride_om + offs_n[None, :]
-            out_mask = mask_m[:, None] & (offs_n < N)[None, :]
-            tl.store(out_ptrs, acc.to(Out.dtype.element_ty), mask=out_mask)
+            block = t // K_TILES
+            rows = _tile_rows(block, offs_b, N, BLOCK_N, GATED)
+            _store_tile(
+                acc, Out, WScale, rows, block, offs_m, mask_m, N, stride_om,
+                BLOCK_M, BLOCK_N, GATED, HAS_SCALE,
+            )  # fmt: skip
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         t = nt
 
@@ -199,8 +252,10 @@ def gemv(
     per_sm: int = 0,
     num_stages: int | None = None,
     w_scale: torch.Tensor | None = None,
+    gated: bool = False,
 ) -> torch.Tensor:
-    """`x @ w.T` for small M (times `w_scale` per output feature for an FP8 `w`).
+    """`x @ w.T` for small M (times `w_scale` per output feature for an FP8 `w`; then
+    `silu(gate) * up` over its two halves if `gated`).
 
     `per_sm` > 0 launches the persistent kernel with that many programs per SM, at most as many
     as can be resident together (off CUDA, e.g. in the interpreter, `per_sm` programs in all)."""
@@ -213,17 +268,19 @@ def gemv(
         assert x.dtype == w.dtype
     else:
         assert w.dtype == torch.float8_e4m3fn and w_scale.shape == (n,), "FP8 rows and a scale each"
-    out = x.new_empty((m, n))
+    if gated:
+        assert n % 2 == 0 and block_n >= 2, "gated: W stacks gate and up; pairs per tile"
+    out = x.new_empty((m, n // 2 if gated else n))
     block_k = min(block_k, next_power_of_2(k))
     common = dict(
         BLOCK_M=max(1, next_power_of_2(m)), BLOCK_N=block_n, BLOCK_K=block_k,
-        EVEN_K=k % block_k == 0, HAS_SCALE=w_scale is not None, num_warps=num_warps,
+        EVEN_K=k % block_k == 0, GATED=gated, HAS_SCALE=w_scale is not None, num_warps=num_warps,
         **pdl_launch_args(x.device),
         **({} if num_stages is None else {"num_stages": num_stages}),
     )  # fmt: skip
     scale = w if w_scale is None else w_scale  # NOTE: never read without HAS_SCALE
     args = (x, w, scale, out, m, n, k, x.stride(0), w.stride(0), out.stride(0))
-    row_blocks = cdiv(n, block_n)
+    row_blocks = cdiv(n, block_n)  # NOTE: gated, a block of block_n rows makes block_n / 2 outputs
     if per_sm > 0 and x.device.type != "cuda":
         grid = (min(row_blocks, per_sm),)
         _gemv_persistent_kernel[grid](*args, row_blocks, K_TILES=cdiv(k, block_k), **common)

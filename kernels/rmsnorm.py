@@ -56,9 +56,10 @@ def _rmsnorm_kernel(
     USE_PDL: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
-    pdl_prologue(USE_PDL)
     offs = tl.arange(0, BLOCK)
     mask = offs < hidden
+    w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)  # NOTE: constant: before the wait
+    pdl_prologue(USE_PDL)
     x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(Res + row * stride_r + offs, mask=mask, other=0.0)
@@ -69,7 +70,6 @@ def _rmsnorm_kernel(
     rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / hidden + eps)
     # HF rounds the normed activations to the input dtype, then multiplies by the weight.
     h = (xf * rstd).to(X.dtype.element_ty).to(tl.float32)
-    w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(Out + row * stride_o + offs, (h * w).to(Out.dtype.element_ty), mask=mask)
 
 

@@ -5,11 +5,10 @@ by weight shape; for each group and each decode bucket (M = 1, 4, 8) one CUDA gr
 calls every layer of the group once, the way a decode step does: weights cold in L2 (one layer's
 weight is read once per step), launch overhead gone, consecutive kernels free to overlap through
 programmatic dependent launch. Each candidate runs the layer's own forward (for Llama's gated
-gate_up, the matmul and then the activation kernel): cuBLAS, or the Triton GEMV with each
-`kernels.gemv.GEMV_CONFIGS` entry; a Triton config is kept only where it is clearly faster
-(>= 3 %), so that timing noise cannot flip a layer away from cuBLAS. Larger batches always use
-cuBLAS. (A gate_up GEMV with the activation in its epilogue won in isolation but not in the real
-step on the H200, runs 7-9; the plain GEMV followed by the activation kernel won in both, run 15.)
+gate_up: cuBLAS then the activation kernel, or the GEMV with the activation in its epilogue):
+cuBLAS, or the Triton GEMV with each `kernels.gemv.GEMV_CONFIGS` entry; a Triton config is kept
+only where it is clearly faster (>= 3 %), so that timing noise cannot flip a layer away from
+cuBLAS. Larger batches always use cuBLAS.
 An FP8 layer (`quantization="fp8"`) chooses the same way between its FP8 GEMM (cuBLASLt, inputs
 quantised per token) and the weight-only FP8 GEMV with each `FP8_GEMV_CONFIGS` entry.
 """

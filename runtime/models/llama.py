@@ -27,7 +27,8 @@ class Linear(nn.Module):
     layer returns `silu(gate) * up` ([.., out_features]); `fused` runs that activation as a Triton
     kernel (GPU). `small_m_cfg` (set on GPU by `gemm_select.select_decode_gemms`) holds, per
     decode batch-size bucket, the launch config of the Triton GEMV (`kernels.gemv`) that beat
-    cuBLAS for this layer, or None to keep cuBLAS. After `quantize_fp8()` (`fp8`) the weight
+    cuBLAS for this layer, or None to keep cuBLAS (gated: with `silu(gate) * up` in the GEMV's
+    epilogue). After `quantize_fp8()` (`fp8`) the weight
     is float8_e4m3fn with an fp32 `weight_scale` per row (CPU: emulated) and the torch path is an
     FP8 GEMM (`runtime/models/fp8.py`); the GEMV then reads the FP8 rows (weight-only)."""
 
@@ -74,8 +75,11 @@ class Linear(nn.Module):
         # NOTE: an FP8 layer's GEMV is weight-only (x unquantised); on CPU (emulated FP8) the
         # weight already holds the dequantised values.
         fp8_rows = self.weight.dtype == torch.float8_e4m3fn
-        y = gemv(x, self.weight, **cfg, **({"w_scale": self.weight_scale} if fp8_rows else {}))
-        return self._activate(y if self.bias is None else y + self.bias)
+        scale = {"w_scale": self.weight_scale} if fp8_rows else {}
+        if self.gated_output:  # the activation runs in the GEMV's epilogue
+            return gemv(x, self.weight, **cfg, **scale, gated=True)
+        y = gemv(x, self.weight, **cfg, **scale)
+        return y if self.bias is None else y + self.bias
 
     def forward_default(self, x: torch.Tensor) -> torch.Tensor:
         """The torch path (cuBLAS; an FP8 GEMM for an FP8 layer), whatever `small_m_cfg` holds."""

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from radixlm.kernels._triton import pdl_enabled, pdl_launch_args
+from radixlm.kernels.activation import silu_and_mul
 from radixlm.kernels.gemv import GEMV_CONFIGS, gemv, gemv_ref
 
 PERSISTENT = next(c for c in GEMV_CONFIGS if c.get("per_sm"))
@@ -24,6 +25,23 @@ def test_gemv_matches_reference(device, m, n, k, config) -> None:
     torch.testing.assert_close(out, gemv_ref(x, w), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("inter", [40, 37])
+@pytest.mark.parametrize("config", [PERSISTENT, PLAIN], ids=["persistent", "plain"])
+def test_gated_gemv_is_the_product_then_the_activation(device, m, inter, config) -> None:
+    """`gated=True` (Llama's gate_up, odd I included): the activation of the plain product, the
+    same roundings as the GEMV followed by the activation kernel."""
+    x = (0.3 * torch.randn(m, 96, device=device)).bfloat16()
+    w = (0.3 * torch.randn(2 * inter, 96, device=device)).bfloat16()
+    cfg = {**config, "block_n": 4, "block_k": 32}  # 2 outputs per tile: a ragged last tile
+    out = gemv(x, w, **cfg, gated=True)
+    assert out.shape == (m, inter) and out.dtype == torch.bfloat16
+    # The same sums as the plain GEMV's, rounded the same: the activation kernel's output on it.
+    torch.testing.assert_close(out, silu_and_mul(gemv(x, w, **cfg)), rtol=0, atol=0)
+    # Another summation order may move a product one bf16 ulp (then amplified by the activation).
+    torch.testing.assert_close(out, gemv_ref(x, w, gated=True), rtol=4e-2, atol=1e-2)
+
+
 def test_gemv_bf16(device) -> None:
     x = torch.randn(2, 128, device=device).bfloat16()
     w = torch.randn(64, 128, device=device).bfloat16()
@@ -34,7 +52,7 @@ def test_gemv_bf16(device) -> None:
 @pytest.mark.parametrize("shape", [(3, 2 * 40), (2, 5, 2 * 1100), (0, 2 * 8)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_silu_and_mul_matches_torch(device, shape, dtype) -> None:
-    from radixlm.kernels.activation import silu_and_mul, silu_and_mul_ref
+    from radixlm.kernels.activation import silu_and_mul_ref
 
     x = (4 * torch.randn(shape, device=device)).to(dtype)
     out = silu_and_mul(x)
@@ -81,7 +99,7 @@ def test_linear_uses_the_selected_small_batch_kernel(device, gemv_calls) -> None
     assert gemv_calls == [(3, cfg)]
 
 
-def test_gated_linear_uses_the_small_batch_kernel_then_the_activation(device, gemv_calls) -> None:
+def test_gated_linear_uses_the_gated_small_batch_kernel(device, gemv_calls) -> None:
     from radixlm.runtime.models.llama import Linear
 
     layer = Linear(96, 40, gated_output=True, fused=True).to(device)
@@ -91,7 +109,7 @@ def test_gated_linear_uses_the_small_batch_kernel_then_the_activation(device, ge
     cfg = {**PLAIN, "block_k": 64}
     layer.small_m_cfg = [cfg, None, None]
     out = layer(x)
-    assert gemv_calls == [(1, cfg)] and out.shape == (1, 40)
+    assert gemv_calls == [(1, {**cfg, "gated": True})] and out.shape == (1, 40)
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
 
 
@@ -110,13 +128,17 @@ def test_gated_linear_fused_activation_matches_torch(device) -> None:
 
 @pytest.mark.parametrize("config", [PERSISTENT, PLAIN], ids=["persistent", "plain"])
 def test_gemv_fp8_weights(device, config) -> None:
-    """FP8 rows with a scale each (`quantization="fp8"`): the dequantised weights' product."""
+    """FP8 rows with a scale each (`quantization="fp8"`): the dequantised weights' product; gated,
+    each of the interleaved gate / up rows keeps its own scale."""
     from radixlm.runtime.models.fp8 import dequantize_fp8, quantize_weight_fp8
 
     x = torch.randn(3, 300, device=device).bfloat16()
-    w_q, scale = quantize_weight_fp8(torch.randn(33, 300, device=device))
-    out = gemv(x, w_q, w_scale=scale, **{**config, "block_k": 64})
-    assert out.dtype == torch.bfloat16 and out.shape == (3, 33)
+    w_q, scale = quantize_weight_fp8(torch.randn(34, 300, device=device))
+    cfg = {**config, "block_k": 64}
+    out = gemv(x, w_q, w_scale=scale, **cfg)
+    assert out.dtype == torch.bfloat16 and out.shape == (3, 34)
     expected = x.float() @ dequantize_fp8(w_q, scale, torch.float32).T
     torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=5e-2)
     torch.testing.assert_close(out, gemv_ref(x, w_q, scale))
+    gated = gemv(x, w_q, w_scale=scale, **cfg, gated=True)
+    torch.testing.assert_close(gated, silu_and_mul(out), rtol=0, atol=0)
