@@ -137,20 +137,9 @@ def _gemv_kernel(
         acc += tl.sum(x[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
         w = w_next
     _store_tile(
-        acc,
-        Out,
-        WScale,
-        rows,
-        pid,
-        offs_m,
-        mask_m,
-        N,
-        stride_om,
-        BLOCK_M,
-        BLOCK_N,
-        GATED,
-        HAS_SCALE,
-    )
+        acc, Out, WScale, rows, pid, offs_m, mask_m, N, stride_om,
+        BLOCK_M, BLOCK_N, GATED, HAS_SCALE,
+    )  # fmt: skip
 
 
 @jit
