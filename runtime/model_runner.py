@@ -18,7 +18,8 @@ from radixlm.runtime.attention.base import AttentionBackend
 from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.forward_batch import ForwardBatch
 from radixlm.runtime.mem.kv_pool import KVPool, ReqToTokenPool
-from radixlm.runtime.models.llama import LlamaForCausalLM
+from radixlm.runtime.models.fp8 import finish_fp8_checkpoint
+from radixlm.runtime.models.llama import Linear, LlamaForCausalLM
 from radixlm.runtime.models.loader import ModelSource
 from radixlm.runtime.server_args import ServerArgs
 
@@ -112,7 +113,6 @@ class ModelRunner:
             and args.attention_backend != "torch"
         ):
             from radixlm.runtime.models.gemm_select import select_decode_gemms
-            from radixlm.runtime.models.llama import Linear
 
             self.gemm_choices = select_decode_gemms(self.model, Linear, self.dtype)
         self.graphs = None
@@ -128,17 +128,34 @@ class ModelRunner:
         with _default_dtype(self.dtype), torch.device(self.device):
             model = LlamaForCausalLM(self.config, self.context_len, self.device, fused_ops=fused)
         model.load_weights(
-            (name, t.to(device=self.device, dtype=self.dtype))
+            (name, self._to_model(name, t))
             for name, t in source.iter_weights(self.device, self.dtype)
         )
-        if self.args.quantization == "fp8":
+        cuda = self.device.type == "cuda"
+        native_fp8 = cuda and torch.cuda.get_device_capability(self.device) >= (8, 9)
+        if any(isinstance(m, Linear) and m.fp8 for m in model.modules()):
+            kept = finish_fp8_checkpoint(model, Linear, self.dtype, native_fp8)
+            logger.info("fp8 checkpoint: %d linear layers keep their FP8 weights", kept)
+        # NOTE: dummy weights of an FP8 checkpoint's config are quantised online, so that they
+        # run the FP8 kernels the real checkpoint would.
+        dummy_fp8 = source.load_format == "dummy" and self.config.quantization == "fp8"
+        if self.args.quantization == "fp8" or (dummy_fp8 and (native_fp8 or not cuda)):
             layers = model.quantize_fp8()
             logger.info(
                 "fp8: %d linear layers quantised (weights per channel, inputs per token)", layers
             )
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()  # the model-dtype weights are gone: size the KV pool after
+        if cuda:
+            torch.cuda.empty_cache()  # weights replaced at load: size the KV pool after
         return model.eval()
+
+    def _to_model(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """A checkpoint tensor on the device, in the model dtype; FP8 weights keep their dtype
+        and FP8 scales become fp32."""
+        if t.dtype == torch.float8_e4m3fn:
+            return t.to(self.device)
+        if name.endswith("_scale"):
+            return t.to(self.device, torch.float32)
+        return t.to(device=self.device, dtype=self.dtype)
 
     def _init_memory(self) -> tuple[KVPool, ReqToTokenPool]:
         cfg = self.config
@@ -182,6 +199,14 @@ class ModelRunner:
             self.kv_dtype,
             self.device,
         )
+        if self.model.kv_scales and kv.quantized:
+            for layer, (k_scale, v_scale) in self.model.kv_scales.items():
+                kv.k_scale[layer], kv.v_scale[layer] = k_scale, v_scale
+            logger.info(
+                "KV pool: the checkpoint's K/V scales for %d layers", len(self.model.kv_scales)
+            )
+        elif self.model.kv_scales:
+            logger.info("the checkpoint's KV-cache scales are unused (kv_cache_dtype=auto)")
         # NOTE: one spare row per request: a jump-forward or chunk may briefly need it.
         req_to_token = ReqToTokenPool(self.max_running, self.context_len + 1, self.device)
         return kv, req_to_token

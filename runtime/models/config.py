@@ -40,6 +40,7 @@ class ModelConfig:
     bos_token_id: int | None = 1
     eos_token_id: tuple[int, ...] = (2,)
     torch_dtype: str = "float32"
+    quantization: str | None = None  # "fp8": the checkpoint stores FP8 weights (see below)
     hf_config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -103,6 +104,7 @@ class ModelConfig:
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=eos_ids,
             torch_dtype=str(dtype).replace("torch.", ""),
+            quantization=checkpoint_quantization(cfg.get("quantization_config")),
             hf_config=dict(cfg),
         )
 
@@ -136,3 +138,37 @@ class ModelConfig:
         if self.model_type == "llama":
             out["attention_bias"] = self.attention_bias
         return out
+
+
+def checkpoint_quantization(qcfg: dict[str, Any] | None) -> str | None:
+    """ "fp8" for a checkpoint of FP8 weights with per-tensor or per-channel scales (HF's
+    `quant_method: fp8`, as written by AutoFP8 / vLLM, or llm-compressor's `compressed-tensors`
+    FP8 schemes); None for an unquantised one. Anything else (block-wise FP8, int4/int8 weights,
+    GPTQ, AWQ, ...) raises UnsupportedModelError naming the setting.
+
+    Static input scales (`activation_scheme: static`) are accepted and ignored: inputs are always
+    quantised per token at run time, which is at least as accurate."""
+    if not qcfg:
+        return None
+    method = qcfg.get("quant_method")
+    if method == "fp8":
+        if qcfg.get("weight_block_size"):
+            raise UnsupportedModelError(
+                f"block-wise FP8 weights (weight_block_size={qcfg['weight_block_size']}) are not "
+                "supported; per-tensor and per-channel FP8 scales are"
+            )
+        return "fp8"
+    if method == "compressed-tensors":
+        for name, group in (qcfg.get("config_groups") or {}).items():
+            w = group.get("weights") or {}
+            scheme = (w.get("type"), w.get("num_bits"), w.get("strategy"))
+            if scheme[:2] != ("float", 8) or scheme[2] not in ("tensor", "channel"):
+                raise UnsupportedModelError(
+                    f"compressed-tensors group {name!r}: weights {scheme} are not supported; "
+                    "FP8 (type float, 8 bits) with a tensor or channel strategy is"
+                )
+        return "fp8"
+    raise UnsupportedModelError(
+        f"quantization_config.quant_method={method!r} is not supported; FP8 checkpoints "
+        "(fp8, compressed-tensors FP8) are"
+    )

@@ -39,7 +39,9 @@ _ALIGN = 16
 def quantize_weight_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(W_q [N, K] float8_e4m3fn, scale [N] fp32) with W ~= W_q * scale[:, None]."""
     wf = w.float()
-    scale = wf.abs().amax(dim=1) / FP8_MAX
+    # NOTE: a multiply, not a division: CUDA divides by a scalar through its reciprocal, so this
+    # gives the same scales on every device (an FP8 checkpoint made on CPU == online on a GPU).
+    scale = wf.abs().amax(dim=1) * (1.0 / FP8_MAX)
     scale = torch.where(scale > 0, scale, 1.0)  # an all-zero row
     q = (wf / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q, scale
@@ -90,11 +92,12 @@ def fp8_linear(
 
 
 def quantize_linears_fp8(model: nn.Module, linear_cls: type, skip: tuple[nn.Module, ...]) -> int:
-    """Quantise every `linear_cls` module of `model` except those in `skip`, in place (frees each
-    original weight as it goes); returns how many were quantised."""
+    """Quantise every `linear_cls` module of `model` except those in `skip` and those already FP8
+    (from an FP8 checkpoint), in place (frees each original weight as it goes); returns how many
+    were quantised."""
     done = 0
     for name, module in model.named_modules():
-        if not isinstance(module, linear_cls) or any(module is s for s in skip):
+        if not isinstance(module, linear_cls) or module.fp8 or any(module is s for s in skip):
             continue
         if not can_quantize(module.weight):
             logger.warning("fp8: %s %s stays unquantised", name, tuple(module.weight.shape))
@@ -102,3 +105,27 @@ def quantize_linears_fp8(model: nn.Module, linear_cls: type, skip: tuple[nn.Modu
         module.quantize_fp8()
         done += 1
     return done
+
+
+def finish_fp8_checkpoint(
+    model: nn.Module, linear_cls: type, dtype: torch.dtype, native: bool
+) -> int:
+    """After an FP8 checkpoint is loaded (`Linear.prepare_fp8_storage`): `native` (a GPU with
+    FP8 GEMMs) keeps each FP8 layer's rows and row scales, as online quantisation leaves them.
+    Otherwise, and for a layer `_scaled_mm` cannot take (K or N not a multiple of 16), the
+    weights are dequantised into `dtype`: on CPU the layer stays `fp8` (the emulation above:
+    inputs still quantised per token); on a GPU without FP8 support it becomes a plain layer.
+    Returns how many layers keep FP8 products."""
+    kept = 0
+    for module in model.modules():
+        if not isinstance(module, linear_cls) or module.weight.dtype != FP8_DTYPE:
+            continue
+        cpu = module.weight.device.type == "cpu"
+        if native and not cpu and can_quantize(module.weight):
+            kept += 1
+            continue
+        w = dequantize_fp8(module.weight.data, module.weight_scale, dtype)
+        module.weight = nn.Parameter(w, requires_grad=False)
+        module.fp8 = cpu
+        kept += int(cpu)
+    return kept

@@ -2,7 +2,7 @@
 
 Shapes: tokens of all requests are one dimension T; attention goes through the batch's
 `AttentionBackend`, which reads/writes the paged KV pool. q/k/v and gate/up projections are merged
-into one matmul each; weights load from Hugging Face names (see `load_weights`).
+into one matmul each; weights load from Hugging Face names (see `load_weights`, weights.py).
 """
 
 from __future__ import annotations
@@ -50,6 +50,19 @@ class Linear(nn.Module):
         self.small_m_cfg: list[dict | None] | None = None
         self.fp8 = False
         self.weight_scale: torch.Tensor | None = None
+
+    def prepare_fp8_storage(self) -> None:
+        """Make the weight receive an FP8 checkpoint's rows: float8_e4m3fn, with an fp32 scale
+        per row (a part's per-tensor scale is broadcast over its rows). See
+        `fp8.finish_fp8_checkpoint` for what happens after loading."""
+        if self.weight.dtype == torch.float8_e4m3fn:
+            return
+        shape, device = self.weight.shape, self.weight.device
+        self.weight = nn.Parameter(
+            torch.empty(shape, dtype=torch.float8_e4m3fn, device=device), requires_grad=False
+        )
+        self.weight_scale = torch.ones(shape[0], dtype=torch.float32, device=device)
+        self.fp8 = True
 
     def quantize_fp8(self) -> None:
         from radixlm.runtime.models.fp8 import dequantize_fp8, quantize_weight_fp8
@@ -228,10 +241,11 @@ class LlamaForCausalLM(nn.Module):
             else Linear(config.hidden_size, config.vocab_size, bias=False)
         )
         self.rotary = RotaryEmbedding(config, max_positions, device, fused_ops)
+        self.kv_scales: dict[int, list[float]] = {}  # layer -> [k_scale, v_scale] (checkpoint)
 
     def quantize_fp8(self) -> int:
-        """Online FP8 weights for every decoder Linear (the LM head keeps the model dtype);
-        returns how many layers were quantised."""
+        """Online FP8 weights for every decoder Linear not already FP8 (the LM head keeps the
+        model dtype); returns how many layers were quantised."""
         from radixlm.runtime.models.fp8 import quantize_linears_fp8
 
         skip = () if self.lm_head is None else (self.lm_head,)
@@ -255,48 +269,9 @@ class LlamaForCausalLM(nn.Module):
 
     # ---- weights -------------------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load Hugging Face-named tensors, merging q/k/v and gate/up into their fused matrices."""
-        cfg = self.config
-        params = dict(self.named_parameters())
-        loaded: set[str] = set()
-        qkv_offsets = {"q": (0, cfg.q_size), "k": (cfg.q_size, cfg.kv_size)}
-        qkv_offsets["v"] = (cfg.q_size + cfg.kv_size, cfg.kv_size)
-        for name, tensor in weights:
-            if "rotary_emb" in name:
-                continue
-            key = name.removeprefix("model.")
-            target, rows = key, None
-            for proj in ("q", "k", "v"):
-                part = f"self_attn.{proj}_proj."
-                if part in key:
-                    target = key.replace(part, "self_attn.qkv_proj.")
-                    rows = qkv_offsets[proj]
-            for i, proj in enumerate(("gate", "up")):
-                part = f"mlp.{proj}_proj."
-                if part in key:
-                    target = key.replace(part, "mlp.gate_up_proj.")
-                    rows = (i * cfg.intermediate_size, cfg.intermediate_size)
-            if target == "lm_head.weight" and self.lm_head is None:
-                continue
-            param = params.get(target)
-            if param is None:
-                raise KeyError(f"unexpected weight {name!r} for {cfg.architecture}")
-            dst = param.data if rows is None else param.data.narrow(0, rows[0], rows[1])
-            if dst.shape != tensor.shape:
-                raise ValueError(
-                    f"weight {name!r}: shape {tuple(tensor.shape)} != {tuple(dst.shape)}"
-                )
-            dst.copy_(tensor)
-            loaded.add(f"{target}:{rows}")
-        expected = _expected_count(cfg)
-        if len(loaded) != expected:
-            raise ValueError(
-                f"checkpoint is incomplete: loaded {len(loaded)} of {expected} tensors"
-            )
+        """Load Hugging Face-named tensors (`runtime/models/weights.py`), merging q/k/v and
+        gate/up into their fused matrices; an FP8 checkpoint's KV-cache scales go to
+        `self.kv_scales`."""
+        from radixlm.runtime.models.weights import load_hf_weights
 
-
-def _expected_count(cfg: ModelConfig) -> int:
-    per_layer = (
-        3 + (3 if cfg.attention_bias else 0) + 1 + 2 + 1 + 2
-    )  # qkv(+bias), o, gate/up, down, norms
-    return cfg.num_hidden_layers * per_layer + 2 + (0 if cfg.tie_word_embeddings else 1)
+        self.kv_scales = load_hf_weights(self, weights)
