@@ -141,10 +141,11 @@ class ModelConfig:
 
 
 def checkpoint_quantization(qcfg: dict[str, Any] | None) -> str | None:
-    """ "fp8" for a checkpoint of FP8 weights with per-tensor or per-channel scales (HF's
-    `quant_method: fp8`, as written by AutoFP8 / vLLM, or llm-compressor's `compressed-tensors`
-    FP8 schemes); None for an unquantised one. Anything else (block-wise FP8, int4/int8 weights,
-    GPTQ, AWQ, ...) raises UnsupportedModelError naming the setting.
+    """The quantisation of a checkpoint's weights, from its `quantization_config`: "fp8" for
+    FP8 weights with per-tensor or per-channel scales (HF's `quant_method: fp8`, as written by
+    AutoFP8 / vLLM, or llm-compressor's `compressed-tensors` FP8 schemes); None for an
+    unquantised one. Anything else (block-wise FP8, int4/int8 weights, GPTQ, AWQ, ...) raises
+    UnsupportedModelError naming the setting.
 
     Static input scales (`activation_scheme: static`) are accepted and ignored: inputs are always
     quantised per token at run time, which is at least as accurate."""
