@@ -105,6 +105,22 @@ def test_decode_fp8_pool_matches_reference(
 
 
 @needs_triton
+def test_decode_fp8_pool_with_a_query_past_fp16_range(device: str) -> None:
+    """A bf16 q over an FP8 pool is multiplied in fp16, clamped to its range: a q element past
+    65504 (finite in bf16) gives the attention of the clamped query, not inf/NaN."""
+    batch = _decode_batch([9, 40], 4, 2, 64, torch.bfloat16, device, seed=5)
+    fp8 = torch.float8_e4m3fn
+    k_buf, v_buf = quantize_kv(batch.k_buffer, fp8), quantize_kv(batch.v_buffer, fp8)
+    q = batch.q.clone()
+    q[0, 1, 3], q[1, 2, 0] = 1e6, -3e5
+    args = (k_buf, v_buf, batch.req_to_token, batch.req_pool_indices, batch.seq_lens)
+    out = decode_attention(q, *args, num_kv_splits=2)
+    assert torch.isfinite(out).all()
+    expected = decode_attention_ref(q.float().clamp(-65504, 65504).bfloat16(), *args)
+    assert_close(out, expected, torch.bfloat16, "decode attention (fp8, clamped q)")
+
+
+@needs_triton
 def test_decode_equals_extend_of_one_token(device: str) -> None:
     """Decode and extend-with-one-new-token are the same math on the same batch."""
     batch = _decode_batch([5, 48, 31], 8, 2, 64, torch.float32, device, seed=11)
