@@ -12,8 +12,10 @@ Modules (import the one you need; this package imports nothing, so `radixlm.kern
     activation         Llama's MLP activation silu(gate) * up
     argmax             two-stage row argmax (greedy sampling)
     decode_inputs      a decode step's input columns and req_to_token entries, in one launch
-    gemv               small-batch (decode) linear layer, picked per shape against cuBLAS
+    gemv               small-batch (decode) linear layer (+ gated activation), vs cuBLAS per shape
+    quant_fp8          per-token FP8 quantisation of activations (the FP8 GEMM's input)
     testing            random paged batches and tolerances for tests/benchmarks
-    bench_kernels      `radixlm bench kernels` (main(argv)); speed sections in bench_perf
+    bench_kernels      `radixlm bench kernels` (main(argv)); checks in bench_checks, speed
+                       sections in bench_perf
 See docs/kernels.md.
 """
