@@ -163,6 +163,18 @@ def mma(a, b, PREC: tl.constexpr, UPCAST: tl.constexpr):
     return acc
 
 
+@jit
+def online_softmax(qk, m_i, l_i):
+    """One tile of an online (flash) softmax over the rows of `qk` [M, N] (log2 units; masked
+    entries -inf): returns (p = exp2(qk - m_new), alpha = exp2(m_i - m_new), m_new, l_new), where
+    m is the running row max and l the running sum of p; the caller rescales its accumulator
+    by alpha before adding p's products."""
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qk - m_new[:, None])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
 def dot_flags(dtype: object) -> dict[str, object]:
     """Constexpr kwargs (PREC, UPCAST) for `mma` given the operand torch dtype."""
     import torch

@@ -51,6 +51,7 @@ from radixlm.kernels._triton import (
     jit,
     mma,
     next_power_of_2,
+    online_softmax,
     pdl_launch_args,
     pdl_prologue,
     require_triton,
@@ -198,17 +199,13 @@ def _decode_stage1_kernel(
             ).to(q.dtype)  # NOTE: a no-op unless the pool is fp8
             qk = mma(q, k, PREC, UPCAST) * qk_scale  # [BLOCK_H, BLOCK_N], log2 units
             qk = tl.where(mask_n[None, :], qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(qk - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
+            p, alpha, m_i, l_i = online_softmax(qk, m_i, l_i)
             v = tl.load(
                 VBuf + slots[:, None] * stride_vbs + kv_h * stride_vbh + offs_d[None, :],
                 mask=mask_n[:, None] & mask_d[None, :],
                 other=0.0,
             ).to(q.dtype)
             acc = acc * alpha[:, None] + mma(p.to(v.dtype), v, PREC, UPCAST)
-            m_i = m_new
         mask_hd = mask_h[:, None] & mask_d[None, :]
         if n_valid == 1:  # the whole sequence in one split: written out, nothing to merge
             o_ptrs = Out + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]

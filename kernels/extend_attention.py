@@ -40,6 +40,7 @@ from radixlm.kernels._triton import (
     launch_with_fallback,
     mma,
     next_power_of_2,
+    online_softmax,
     require_triton,
     tl,
 )
@@ -173,10 +174,7 @@ def _extend_attention_kernel(
             ).to(Q.dtype.element_ty)  # NOTE: a no-op unless the pool is fp8
             qk = mma(q, k, PREC, UPCAST) * qk_scale_prefix
             qk = tl.where(mask_n[None, :], qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(qk - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
+            p, alpha, m_i, l_i = online_softmax(qk, m_i, l_i)
             v = tl.load(
                 VBuf + slots[:, None] * stride_vbs + kv_h * stride_vbh + offs_d[None, :],
                 mask=mask_n[:, None] & mask_d[None, :],
@@ -186,7 +184,6 @@ def _extend_attention_kernel(
             if V_SCALED:  # an FP8 pool with v_scale != 1
                 pv = pv * v_scale
             acc = acc * alpha[:, None] + pv
-            m_i = m_new
 
         # Stage 2a: new tokens strictly before this query block; no mask needed.
         # NOTE: relies on BLOCK_M % BLOCK_N == 0 so this loop ends exactly at m0.
@@ -196,13 +193,9 @@ def _extend_attention_kernel(
             rows = start + n0 + offs_n
             k = tl.load(ke_base + rows[None, :] * stride_ket, mask=mask_d[:, None], other=0.0)
             qk = mma(q, k, PREC, UPCAST) * qk_scale
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(qk - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
+            p, alpha, m_i, l_i = online_softmax(qk, m_i, l_i)
             v = tl.load(ve_base + rows[:, None] * stride_vet, mask=mask_d[None, :], other=0.0)
             acc = acc * alpha[:, None] + mma(p.to(v.dtype), v, PREC, UPCAST)
-            m_i = m_new
 
         # Stage 2b: the diagonal block(s): causal mask + end of the extend part.
         # NOTE: every query row sees key m0 here, so m_i is finite and no row produces NaN.
@@ -219,17 +212,13 @@ def _extend_attention_kernel(
             qk = mma(q, k, PREC, UPCAST) * qk_scale
             causal = (offs_m[:, None] >= cols[None, :]) & mask_n[None, :]
             qk = tl.where(causal, qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(qk - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
+            p, alpha, m_i, l_i = online_softmax(qk, m_i, l_i)
             v = tl.load(
                 ve_base + rows[:, None] * stride_vet,
                 mask=mask_n[:, None] & mask_d[None, :],
                 other=0.0,
             )
             acc = acc * alpha[:, None] + mma(p.to(v.dtype), v, PREC, UPCAST)
-            m_i = m_new
 
         o = acc / l_i[:, None]
         o_ptrs = Out + (start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
