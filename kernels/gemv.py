@@ -292,11 +292,15 @@ def gemv(
 
 
 # Candidate launch configurations tried by the runtime's per-shape selection (GPU only): the best
-# few of a 75-config sweep on the H200 over Llama-3-8B's shapes at M = 1 (docs/benchmarks.md).
+# few of a 75-config sweep on the H200 over Llama-3-8B's shapes at M = 1, plus the best of a
+# 60-config sweep of the gated gate_up GEMV (4 rows, 2048-wide tiles, 8 programs per SM: 54.3 us
+# against 55.9 for the best config before it and 56.1 for cuBLAS + activation; docs/benchmarks.md,
+# run 38).
 GEMV_CONFIGS = (
     {"block_n": 2, "block_k": 2048, "num_warps": 4, "per_sm": 8},
     {"block_n": 2, "block_k": 2048, "num_warps": 4, "per_sm": 16},
     {"block_n": 4, "block_k": 1024, "num_warps": 4, "per_sm": 16},
+    {"block_n": 4, "block_k": 2048, "num_warps": 4, "per_sm": 8},
     {"block_n": 2, "block_k": 1024, "num_warps": 2},
     {"block_n": 4, "block_k": 1024, "num_warps": 4},
     {"block_n": 8, "block_k": 1024, "num_warps": 4},
