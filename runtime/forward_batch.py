@@ -7,6 +7,8 @@ rows `extend_start_loc[b] : extend_start_loc[b] + extend_seq_lens[b]` and alread
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -35,8 +37,10 @@ class ForwardBatch:
     extend_prefix_lens: torch.Tensor | None = None
     extend_seq_lens: torch.Tensor | None = None
     extend_start_loc: torch.Tensor | None = None
-    # Rows of the hidden states whose logits are computed, in order.
+    # Rows of the hidden states whose logits are computed, in order (None: every row), and the
+    # same on the host (EXTEND).
     logits_indices: torch.Tensor | None = None
+    logits_indices_cpu: list[int] | None = None
     # Filled by the attention backend in `init_forward_metadata` (backend-specific).
     attn_metadata: Any = None
 
@@ -47,3 +51,38 @@ class ForwardBatch:
     @property
     def is_decode(self) -> bool:
         return self.mode == ForwardMode.DECODE
+
+    @property
+    def last_layer_rows_only(self) -> bool:
+        """An EXTEND batch with at most one logits row per request (no input logprobs): the last
+        layer attends and runs its MLP for those rows only; every other row just stores its K/V
+        (nothing downstream reads its output)."""
+        rows = self.logits_indices_cpu
+        return not self.is_decode and rows is not None and len(rows) <= self.batch_size
+
+    def logits_rows_batch(self) -> ForwardBatch:
+        """The EXTEND batch's logits rows as a DECODE batch: one query token each, of its own
+        request, attending to its sequence up to and including itself (K/V already stored)."""
+        assert self.logits_indices is not None and self.logits_indices_cpu is not None
+        ends = list(itertools.accumulate(self.extend_seq_lens_cpu))
+        owners, seq_lens = [], []
+        for row in self.logits_indices_cpu:
+            b = bisect.bisect_right(ends, row)
+            start = ends[b] - self.extend_seq_lens_cpu[b]
+            owners.append(b)
+            seq_lens.append(self.extend_prefix_lens_cpu[b] + row - start + 1)
+        device = self.input_ids.device
+        seq = torch.tensor(seq_lens, dtype=torch.int64, device=device)
+        rows = self.logits_indices
+        return ForwardBatch(
+            mode=ForwardMode.DECODE,
+            batch_size=len(seq_lens),
+            input_ids=self.input_ids.index_select(0, rows),
+            positions=seq - 1,
+            out_cache_loc=self.out_cache_loc.index_select(0, rows),
+            req_pool_indices=self.req_pool_indices.index_select(
+                0, torch.tensor(owners, dtype=torch.int64, device=device)
+            ),
+            seq_lens=seq,
+            seq_lens_cpu=seq_lens,
+        )

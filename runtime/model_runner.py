@@ -230,10 +230,7 @@ class ModelRunner:
         if self.graphs is not None and self.graphs.can_run(batch):
             return self.graphs.replay(batch)
         self.attn.init_forward_metadata(batch)
-        hidden = self.model(batch, self.attn)
-        if batch.logits_indices is not None:
-            hidden = hidden.index_select(0, batch.logits_indices)
-        return hidden
+        return self.model(batch, self.attn)
 
     def decode_input_buffer(self, bs: int) -> torch.Tensor:
         """Where a decode batch of `bs` requests assembles its inputs (`[5, bs]` int64, rows as

@@ -112,6 +112,7 @@ def prepare_extend(
         extend_seq_lens=t(extend_lens),
         extend_start_loc=t(starts),
         logits_indices=t(logits_rows),
+        logits_indices_cpu=logits_rows,
     )
 
 

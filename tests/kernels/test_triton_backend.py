@@ -47,7 +47,11 @@ def _fused_runner() -> ModelRunner:
     return runner
 
 
-def _extend(runner: ModelRunner, rows, prefix_lens, tokens, slots) -> torch.Tensor:
+def _extend(
+    runner: ModelRunner, rows, prefix_lens, tokens, slots, logits_rows=None, rows_only=False
+) -> torch.Tensor:
+    """Hidden states of every row, or of `logits_rows` (with `rows_only` the last layer runs
+    for those rows only, as for the scheduler's batches)."""
     ids, pos, loc, starts, ext = [], [], [], [], []
     off = 0
     for row, prefix, toks in zip(rows, prefix_lens, tokens):
@@ -77,6 +81,10 @@ def _extend(runner: ModelRunner, rows, prefix_lens, tokens, slots) -> torch.Tens
         t(ext),
         t(starts),
     )
+    if logits_rows is not None:
+        fb.logits_indices = t(logits_rows)
+        fb.logits_indices_cpu = list(logits_rows) if rows_only else None
+    assert fb.last_layer_rows_only == rows_only
     return runner.forward(fb)
 
 
@@ -151,3 +159,33 @@ def test_triton_backend_matches_torch_backend(kv_cache_dtype: str) -> None:
                 dequantised, expected = buf[used].float() * scale, ref[used]
                 assert not torch.equal(dequantised, expected)
                 torch.testing.assert_close(dequantised, expected, rtol=2**-4, atol=2**-9 * scale)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_last_layer_for_logits_rows_only_is_the_same_math(backend: str) -> None:
+    """A prefill's last layer attending and running its MLP for the logits rows only (the
+    others just store K/V) gives the full forward's hidden states at those rows, the same KV
+    pool, and the same decode steps after it; a batch without logits rows returns none."""
+    gen = torch.Generator().manual_seed(1)
+    perm = torch.randperm(511, generator=gen)[: 4 * 100] + 1
+    slots = {r: perm[r * 100 : (r + 1) * 100] for r in range(4)}
+    prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (37, 5, 64, 9)]
+    runners = {mode: _runner(backend) for mode in ("full", "rows_only")}
+    out = {}
+    for mode, runner in runners.items():
+        rows_only = mode == "rows_only"
+        # Round 1: requests 0-2, the last rows of 0 and 2 only (1's prompt continues later).
+        h1 = _extend(runner, [0, 1, 2], [0, 0, 0], prompts[:3], slots, [36, 105], rows_only)
+        # Round 2: request 1 goes on from its 5 cached tokens, request 3 has no logits row.
+        h2 = _extend(runner, [1, 3], [5, 0], [prompts[3], [4, 5, 6]], slots, [8], rows_only)
+        # Round 3: no logits rows at all (a chunk in the middle of a prompt).
+        h3 = _extend(runner, [3], [3], [[7, 8]], slots, [], rows_only)
+        step = _decode(runner, [0, 1, 2, 3], [37, 14, 64, 5], [5, 6, 7, 8], slots)
+        out[mode] = [h1, h2, h3, step]
+    for a, b in zip(out["full"], out["rows_only"]):
+        torch.testing.assert_close(b, a, rtol=2e-5, atol=2e-5)
+    assert out["rows_only"][2].shape == (0, runners["full"].config.hidden_size)
+    written = torch.cat([slots[r][:n] for r, n in ((0, 38), (1, 15), (2, 65), (3, 6))])
+    full, rows_only = runners["full"].kv_pool, runners["rows_only"].kv_pool
+    for a, b in zip(full.k + full.v, rows_only.k + rows_only.v):
+        assert torch.equal(a[written], b[written])
