@@ -1,15 +1,17 @@
-"""`radixlm bench gpu`: the H200 suite in one command (prints a table, writes JSON with --json).
+"""`radixlm bench gpu`: the H200 suite in one command (prints JSON results; --json saves them).
 
 Sections (`--sections`, comma-separated, all by default):
   parity    greedy tokens of the engine (triton backend + CUDA graphs) == transformers on small
             dummy-weight Llamas (fp32), and CUDA-graph replay == eager; small-llama-hd128 also
             decodes a 4500-token prompt
-  hf        transformers `generate` on Llama-3-8B shapes (dummy bf16): batch 1 and batch 64
+  hf        transformers `generate` on Llama-3-8B shapes (dummy bf16): batch 1, and batch 64 on
+            the offline workload's lengths (1024 input / 256 new tokens by default)
   decode    radixlm batch-1 decode vs the bandwidth roofline (weights + KV bytes per step over the
             copy bandwidth measured in this run), batch 8 / 64, CUDA graphs on vs off; the model
             alone at batch 1 with FP8 weights against its own (halved-weight) roofline
   offline   512 requests x 1024 random input tokens / 256 output tokens, throughput vs `hf`;
-            in bf16, with FP8 weights, an FP8 KV cache, and both (`--offline-variants`)
+            in bf16, with FP8 weights, an FP8 KV cache, and both (`--offline-variants`); next to
+            the workload's bound from the sustained GEMM rate and the copy bandwidth (gpu_offline)
   gemv      cuBLAS vs the Triton small-batch GEMV on the model's linear shapes (the engine keeps
             the faster per shape; see runtime/models/gemm_select.py)
   kernels   `radixlm bench kernels --sections check,decode,extend` (full-shape checks, attention
@@ -26,41 +28,16 @@ import time
 import traceback
 from typing import Any
 
-RESULTS: dict[str, Any] = {}
-
-
-def _log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def copy_bandwidth_gbs() -> float:
-    import torch
-    from triton.testing import do_bench
-
-    n = 1 << 30  # 4 GiB of fp32 read + 4 GiB written per copy
-    src = torch.empty(n, dtype=torch.float32, device="cuda").uniform_()
-    dst = torch.empty_like(src)
-    ms = do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
-    src = dst = None  # free before the engines start
-    torch.cuda.empty_cache()
-    return 2 * n * 4 / (ms * 1e-3) / 1e9
-
-
-def _random_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(10, vocab - 10) for _ in range(length)] for _ in range(count)]
-
-
-def _engine(model: str, **kwargs: Any) -> Any:
-    from radixlm.runtime.engine import Engine
-
-    return Engine(
-        model_path=model,
-        load_format="dummy",
-        skip_tokenizer_init=True,
-        log_level="warning",
-        **kwargs,
-    )
+from radixlm.bench.gpu_common import (
+    RESULTS,
+    copy_bandwidth_gbs,
+    engine,
+    kv_bytes_per_token,
+    log,
+    random_prompts,
+    weight_bytes,
+)
+from radixlm.bench.gpu_offline import INPUT_LEN, OFFLINE_VARIANTS, OUTPUT_LEN, section_offline
 
 
 def section_parity(args: argparse.Namespace) -> None:
@@ -86,7 +63,7 @@ def section_parity(args: argparse.Namespace) -> None:
         runs = [("graphs_fp32", {"dtype": "float32"})]
         runs.append(("eager_fp32", {"dtype": "float32", "disable_cuda_graph": True}))
         for name, kw in runs:
-            eng = _engine(preset, mem_fraction_static=0.3, cuda_graph_max_bs=16, **kw)
+            eng = engine(preset, mem_fraction_static=0.3, cuda_graph_max_bs=16, **kw)
             try:
                 first = eng.generate(input_ids=prompts, sampling_params=params)
                 again = eng.generate(input_ids=prompts, sampling_params=params)  # warm cache
@@ -100,29 +77,15 @@ def section_parity(args: argparse.Namespace) -> None:
         }
         if "eager_fp32" in results:
             out[preset]["graphs_equal_eager"] = results["graphs_fp32"] == results["eager_fp32"]
-        _log(f"parity {preset}: {out[preset]}")
+        log(f"parity {preset}: {out[preset]}")
     RESULTS["parity"] = out
-
-
-def _weight_bytes(cfg: Any, dtype_bytes: int = 2, linear_bytes: int = 2) -> int:
-    """Bytes a decode step reads: decoder linears at `linear_bytes` per weight (1 with
-    `quantization="fp8"`), norms and the LM head at `dtype_bytes`."""
-    h, i = cfg.hidden_size, cfg.intermediate_size
-    linears = (cfg.q_size + 2 * cfg.kv_size) * h + cfg.q_size * h + 3 * i * h
-    head = cfg.vocab_size * h  # lm_head (the embedding lookup reads only a few rows)
-    layers = cfg.num_hidden_layers
-    return layers * linears * linear_bytes + (layers * 2 * h + h + head) * dtype_bytes
-
-
-def _kv_bytes_per_token(cfg: Any, dtype_bytes: int = 2) -> int:
-    return 2 * cfg.num_hidden_layers * cfg.kv_size * dtype_bytes
 
 
 def _decode_rate(eng: Any, batch: int, prompt_len: int, new: int, vocab: int) -> float:
     """Decode tokens/s at `batch`: total time minus prefill time (a 1-token run), per token."""
-    prompts = _random_prompts(batch, prompt_len, vocab, seed=batch)
+    prompts = random_prompts(batch, prompt_len, vocab, seed=batch)
     warm = {"max_new_tokens": 4, "ignore_eos": True, "temperature": 0}
-    eng.generate(input_ids=_random_prompts(batch, prompt_len, vocab, seed=99), sampling_params=warm)
+    eng.generate(input_ids=random_prompts(batch, prompt_len, vocab, seed=99), sampling_params=warm)
     eng.flush_cache()
     t = time.perf_counter()
     eng.generate(
@@ -201,17 +164,17 @@ def section_decode(args: argparse.Namespace) -> None:
     out: dict[str, Any] = {"copy_bandwidth_gbs": round(bw, 1)}
     prompt_len, new = 128, 256
     avg_ctx = prompt_len + new / 2
-    step_bytes = _weight_bytes(cfg) + avg_ctx * _kv_bytes_per_token(cfg)
+    step_bytes = weight_bytes(cfg) + avg_ctx * kv_bytes_per_token(cfg)
     roofline = bw * 1e9 / step_bytes
     out["batch1_roofline_tok_s"] = round(roofline, 1)
     for graphs in (True, False):
-        eng = _engine(args.model, disable_cuda_graph=not graphs, cuda_graph_max_bs=64)
+        eng = engine(args.model, disable_cuda_graph=not graphs, cuda_graph_max_bs=64)
         try:
             for bs in (1, 8, 64):
                 rate = _decode_rate(eng, bs, prompt_len, new, cfg.vocab_size)
                 key = f"decode_bs{bs}_{'graphs' if graphs else 'eager'}_tok_s"
                 out[key] = round(rate, 1)
-                _log(f"{key}: {rate:.1f}")
+                log(f"{key}: {rate:.1f}")
         finally:
             eng.shutdown()
     out["batch1_fraction_of_roofline"] = round(out["decode_bs1_graphs_tok_s"] / roofline, 3)
@@ -220,78 +183,20 @@ def section_decode(args: argparse.Namespace) -> None:
         gc.collect()  # the runner's weights, KV pool and graphs go with it
         torch.cuda.empty_cache()
         out[f"decode_bs{bs}_model_only_tok_s"] = round(rate, 1)
-        _log(f"decode_bs{bs}_model_only_tok_s: {rate:.1f}")
+        log(f"decode_bs{bs}_model_only_tok_s: {rate:.1f}")
     out["batch1_model_only_fraction_of_roofline"] = round(
         out["decode_bs1_model_only_tok_s"] / roofline, 3
     )
     # FP8 weights (`quantization="fp8"`): half the linear bytes, so their own roofline.
-    fp8_roofline = bw * 1e9 / (_weight_bytes(cfg, 2, 1) + avg_ctx * _kv_bytes_per_token(cfg))
+    fp8_roofline = bw * 1e9 / (weight_bytes(cfg, 2, 1) + avg_ctx * kv_bytes_per_token(cfg))
     rate = _runner_decode_tok_s(args.model, 1, int(avg_ctx), quantization="fp8")
     gc.collect()
     torch.cuda.empty_cache()
     out["decode_bs1_model_only_fp8_tok_s"] = round(rate, 1)
     out["batch1_fp8_roofline_tok_s"] = round(fp8_roofline, 1)
     out["batch1_model_only_fp8_fraction_of_fp8_roofline"] = round(rate / fp8_roofline, 3)
-    _log(f"decode_bs1_model_only_fp8_tok_s: {rate:.1f} (fp8 roofline {fp8_roofline:.1f})")
+    log(f"decode_bs1_model_only_fp8_tok_s: {rate:.1f} (fp8 roofline {fp8_roofline:.1f})")
     RESULTS["decode"] = out
-
-
-# Offline variants: the ServerArgs each one adds (results under "offline" + suffix).
-OFFLINE_VARIANTS: dict[str, dict[str, Any]] = {
-    "bf16": {},
-    "fp8_w": {"quantization": "fp8"},
-    "fp8_kv": {"kv_cache_dtype": "fp8_e4m3"},
-    "fp8": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"},
-}
-
-
-def section_offline(args: argparse.Namespace) -> None:
-    for variant in args.offline_variants.split(","):
-        key = "offline" if variant == "bf16" else f"offline_{variant}"
-        RESULTS[key] = _offline_run(args, OFFLINE_VARIANTS[variant])
-        _log(f"{key}: {RESULTS[key]}")
-
-
-def _offline_run(args: argparse.Namespace, variant: dict[str, Any]) -> dict[str, Any]:
-    from radixlm.runtime.models.config import ModelConfig
-    from radixlm.runtime.models.presets import PRESETS
-
-    cfg = ModelConfig.from_hf_dict(PRESETS[args.model])
-    n, inp, outp = args.offline_requests, 1024, 256
-    prompts = _random_prompts(n, inp, cfg.vocab_size, seed=7)
-    eng = _engine(args.model, cuda_graph_max_bs=512, max_running_requests=512, **variant)
-    try:
-        eng.generate(
-            input_ids=prompts[:8], sampling_params={"max_new_tokens": 8, "ignore_eos": True}
-        )
-        eng.flush_cache()
-        before = eng.get_server_info()
-        t = time.perf_counter()
-        outs = eng.generate(
-            input_ids=prompts,
-            sampling_params={"max_new_tokens": outp, "ignore_eos": True, "temperature": 0},
-        )
-        dt = time.perf_counter() - t
-        after = eng.get_server_info()
-        gen = sum(o["meta_info"]["completion_tokens"] for o in outs)
-    finally:
-        eng.shutdown()
-    kinds = ("forward_ct", "extend_iterations", "extend_seconds", "decode_seconds")
-    spent = {k: after[k] - before[k] for k in kinds}
-    steps = spent["forward_ct"] - spent["extend_iterations"]  # decode forwards
-    return {
-        **variant,
-        "requests": n,
-        "seconds": round(dt, 2),
-        "output_tok_s": round(gen / dt, 1),
-        "total_tok_s": round((gen + n * inp) / dt, 1),
-        # where the time went: extend (prefill) vs decode iterations of the scheduler
-        "extend_batches": spent["extend_iterations"],
-        "extend_seconds": round(spent["extend_seconds"], 2),
-        "decode_steps": steps,
-        "decode_seconds": round(spent["decode_seconds"], 2),
-        "decode_avg_batch": round((gen - n) / max(1, steps), 1),
-    }
 
 
 def section_hf(args: argparse.Namespace) -> None:
@@ -305,8 +210,8 @@ def section_hf(args: argparse.Namespace) -> None:
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
     out: dict[str, Any] = {}
     try:
-        for bs, inp, new in ((1, 128, 64), (64, 1024, args.hf_new_tokens)):
-            ids = torch.tensor(_random_prompts(bs, inp, config.vocab_size, seed=bs), device="cuda")
+        for bs, inp, new in ((1, 128, 64), (64, INPUT_LEN, args.hf_new_tokens)):
+            ids = torch.tensor(random_prompts(bs, inp, config.vocab_size, seed=bs), device="cuda")
             gen_kw = dict(do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(ids))
             with torch.no_grad():
                 model.generate(ids[:, :16], max_new_tokens=4, min_new_tokens=4, **gen_kw)  # warm-up
@@ -321,7 +226,7 @@ def section_hf(args: argparse.Namespace) -> None:
                 total = time.perf_counter() - t
             out[f"bs{bs}_output_tok_s"] = round(bs * new / total, 1)
             out[f"bs{bs}_decode_tok_s"] = round(bs * (new - 1) / max(1e-9, total - prefill), 1)
-            _log(f"transformers bs{bs}: {out}")
+            log(f"transformers bs{bs}: {out}")
     finally:
         del model
         gc.collect()
@@ -371,7 +276,7 @@ def section_gemv(args: argparse.Namespace) -> None:
                 "cublas_bw_frac": round(gbs["cublas_us"] / bw, 3),
                 "best_bw_frac": round(gbs["best_us"] / bw, 3),
             }
-            _log(f"gemv {key}_m{r['m']}: {row}")
+            log(f"gemv {key}_m{r['m']}: {row}")
     RESULTS["gemv"] = rows
 
 
@@ -392,7 +297,11 @@ SECTIONS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="radixlm bench gpu", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="radixlm bench gpu",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--sections", default="parity,decode,offline,hf")
     parser.add_argument("--model", default="llama-3-8b", help="dummy preset for the speed sections")
     parser.add_argument("--offline-requests", type=int, default=512)
@@ -401,7 +310,12 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(OFFLINE_VARIANTS),
         help=f"comma-separated, of {', '.join(OFFLINE_VARIANTS)}",
     )
-    parser.add_argument("--hf-new-tokens", type=int, default=128)
+    parser.add_argument(
+        "--hf-new-tokens",
+        type=int,
+        default=OUTPUT_LEN,
+        help="new tokens of transformers' batch-64 run (the offline workload's, by default)",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     import torch
@@ -415,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         "triton": __import__("triton").__version__,
         "transformers": __import__("transformers").__version__,
     }
-    _log(f"env: {RESULTS['env']}")
+    log(f"env: {RESULTS['env']}")
     failed = []
     for name in args.sections.split(","):
         t = time.perf_counter()
@@ -424,13 +338,13 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:  # report and go on: one broken section must not cost the others
             failed.append(name)
             traceback.print_exc()
-        _log(f"section {name}: {time.perf_counter() - t:.1f} s")
+        log(f"section {name}: {time.perf_counter() - t:.1f} s")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(RESULTS, f, indent=2)
     hf = RESULTS.get("hf", {}).get("bs64_output_tok_s")
     for key, res in RESULTS.items():
-        if hf and key.startswith("offline"):
+        if hf and key.startswith("offline"):  # runs and their bounds
             res["speedup_vs_transformers_bs64"] = round(res["output_tok_s"] / hf, 2)
     if args.json:
         with open(args.json, "w") as f:
