@@ -3,8 +3,8 @@
 Call order per forward: `init_forward_metadata(batch)` once (index tensors, masks, workspaces), then
 `forward(q, k, v, layer, batch, rotary)` for every layer; `forward` applies the rotary embedding,
 stores the new K/V at `batch.out_cache_loc` and attends over the request's whole sequence. A
-prefill's last layer may call `forward_rows` instead: the same store, then attention for the
-batch's logits rows only (through `forward_decode`, with its own metadata).
+prefill's last layer may ask for its logits rows only (`rows_only`): the same store, then
+attention for those rows through `forward_decode`, with metadata of their own.
 
 CUDA graphs (decode only): `init_graph_state(max_bs)` allocates static metadata buffers once;
 `prepare_capture(bs, batch)` points the metadata at them before a capture; `prepare_replay(batch)`
@@ -51,32 +51,24 @@ class AttentionBackend(ABC):
         layer: int,
         batch: ForwardBatch,
         rotary: RotaryEmbedding | None = None,
+        rows_only: bool = False,
     ) -> torch.Tensor:
         """q `[T, H, D]`, k/v `[T, kvH, D]` -> attention output `[T, H, D]`; `rotary` (if given)
-        first rotates q and k at `batch.positions`."""
+        first rotates q and k at `batch.positions`.
+
+        `rows_only` (EXTEND): the output `[R, H, D]` of the batch's R logits rows only
+        (`batch.logits_indices`, in order): every row's K/V is stored, then those rows attend as
+        decode queries over the pool (`ForwardBatch.logits_rows_batch`)."""
         q, k = self.rotate_and_store(q, k, v, layer, batch, rotary)
+        if rows_only:
+            rows = batch.logits_rows_batch()
+            if rows.batch_size == 0:
+                return q[:0]
+            self.init_forward_metadata(rows)
+            return self.forward_decode(q.index_select(0, batch.logits_indices), layer, rows)
         if batch.is_decode:
             return self.forward_decode(q, layer, batch)
         return self.forward_extend(q, k, v, layer, batch)
-
-    def forward_rows(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        layer: int,
-        batch: ForwardBatch,
-        rotary: RotaryEmbedding | None = None,
-    ) -> torch.Tensor:
-        """`forward` of an EXTEND batch, but the output `[R, H, D]` of its R logits rows only
-        (`batch.logits_indices`, in order): every row's K/V is stored, then the rows attend as
-        decode queries over the pool (`ForwardBatch.logits_rows_batch`)."""
-        q, k = self.rotate_and_store(q, k, v, layer, batch, rotary)
-        rows = batch.logits_rows_batch()
-        if rows.batch_size == 0:
-            return q[:0]
-        self.init_forward_metadata(rows)
-        return self.forward_decode(q.index_select(0, batch.logits_indices), layer, rows)
 
     def rotate_and_store(
         self,

@@ -176,13 +176,14 @@ class LlamaAttention(nn.Module):
         row's K/V is stored either way)."""
         t = hidden.shape[0]
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        o = (attn.forward_rows if rows_only else attn.forward)(
+        o = attn.forward(
             q.view(t, self.num_heads, self.head_dim),
             k.view(t, self.num_kv_heads, self.head_dim),
             v.view(t, self.num_kv_heads, self.head_dim),
             self.layer_id,
             batch,
             rotary,
+            rows_only,
         )
         if o.shape[0] == 0:  # no logits rows
             return hidden[:0]
