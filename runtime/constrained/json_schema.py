@@ -151,6 +151,16 @@ class _Rewriter:
         return {"const": value}
 
     def node(self, node: Any, path: str) -> Any:
+        out = self._node(node, path)
+        if isinstance(node, dict) and isinstance(out, dict):
+            # NOTE: definitions stay where `$ref` pointers expect them, also when the node itself
+            # is replaced (a marker, an intersected enum, the anyOf of a type list).
+            for key in ("$defs", "definitions"):
+                if isinstance(node.get(key), dict) and key not in out:
+                    out[key] = {k: self.node(v, f"{path}/{key}/{k}") for k, v in node[key].items()}
+        return out
+
+    def _node(self, node: Any, path: str) -> Any:
         if node is True:
             return {}
         if node is False:
@@ -215,6 +225,7 @@ class _Rewriter:
         """The schema of one type of a type list: the node's keywords minus other kinds' own."""
         foreign = {k for other, kws in _BY_KIND.items() if other != kind for k in kws}
         foreign -= set(_BY_KIND.get(kind, ()))
+        foreign |= {"$defs", "definitions"}  # NOTE: they stay on the node (see `node`)
         return {**{k: v for k, v in node.items() if k not in foreign}, "type": kind}
 
     def _enum(self, node: dict, path: str) -> dict:

@@ -11,6 +11,8 @@ import re
 
 import pytest
 from constrained.oracles import FORMAT_CHECKER, check_json, is_email, sample
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from radixlm.runtime.constrained import GrammarSpec, check_spec, spec_to_regex
 from radixlm.runtime.errors import GrammarError
@@ -255,3 +257,84 @@ def test_empty_string_choice_is_refused_in_both_apis():
     assert "non-empty" in rejected(GrammarSpec("choices", ("a", "")))
     with pytest.raises(ValueError, match="empty string"):
         rl.select("x", choices=["a", ""])
+
+
+# ---- the property: every schema compiles to valid outputs only, or is refused by name
+
+PATTERNS = ["^.{2}$", "[^a-z]", "^\\d{1,2}$", '"', "\\\\", "^a\\nb$", "a*+", "[[:digit:]]", "\\bx"]
+FORMATS = ["date", "time", "date-time", "email", "uri", "ipv4", "uuid", "hostname"]
+SCALARS = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 12), st.sampled_from([2.5, "ab", "2024-02-29", 'x"y'])
+)
+
+
+@st.composite
+def string_schemas(draw):
+    schema = {"type": draw(st.sampled_from(["string", ["string", "null"], ["integer", "string"]]))}
+    extra = draw(st.sampled_from(["pattern", "format", "maxLength", "enum", "const", "none"]))
+    if extra == "pattern":
+        schema["pattern"] = draw(st.sampled_from(PATTERNS))
+    elif extra == "format":
+        schema["format"] = draw(st.sampled_from(FORMATS))
+    elif extra == "maxLength":
+        schema["maxLength"] = draw(st.integers(0, 4))
+    elif extra in ("enum", "const"):
+        values = draw(st.lists(SCALARS, min_size=1, max_size=4))
+        schema[extra] = values if extra == "enum" else values[0]
+        schema.update(draw(st.sampled_from([{}, {"maxLength": 2}, {"minimum": 3}])))
+    return schema
+
+
+def integer_schemas():
+    bounds = st.fixed_dictionaries(
+        {}, optional={"minimum": st.integers(-5, 5), "maximum": st.integers(5, 50)}
+    )
+    return st.builds(
+        lambda b, t: {"type": t, **b}, bounds, st.sampled_from(["integer", ["integer", "null"]])
+    )
+
+
+def objects(children):
+    @st.composite
+    def build(draw):
+        props = draw(st.dictionaries(st.sampled_from("abcd"), children, min_size=1, max_size=3))
+        required = draw(st.lists(st.sampled_from(sorted(props)), unique=True))
+        types = draw(st.sampled_from(["object", ["object", "null"]]))
+        return {"type": types, "properties": props, "required": required}
+
+    return build()
+
+
+REFS = st.sampled_from([{"$ref": "#"}, {"$ref": "#/$defs/leaf"}, {"$ref": "#/$defs/self"}])
+LEAVES = st.one_of(string_schemas(), integer_schemas(), REFS)
+SCHEMAS = st.recursive(
+    LEAVES,
+    lambda kids: st.one_of(
+        objects(kids),
+        st.builds(lambda s: {"type": "array", "items": s, "maxItems": 2}, kids),
+        st.builds(lambda a, b: {"anyOf": [a, b]}, kids, kids),
+    ),
+    max_leaves=4,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(SCHEMAS, st.booleans())
+def test_any_schema_compiles_to_valid_outputs_or_is_refused_by_name(schema, wrap):
+    doc = {"$defs": {"leaf": {"type": "string", "maxLength": 3}, "self": {"$ref": "#"}}, **schema}
+    if wrap:  # a recursive definition reached through $defs
+        doc = {"$defs": {**doc["$defs"], "node": schema}, "$ref": "#/$defs/node"}
+    spec = GrammarSpec("json_schema", json.dumps(doc))
+    try:
+        regex = spec_to_regex(spec)
+    except GrammarError as exc:
+        message = str(exc)
+        named = ("unsupported" in message or "invalid JSON schema" in message) and (
+            " at /" in message or "at the root" in message or "(at " in message
+        )
+        assert named, message
+        return
+    assume(len(regex) < 2_000_000)
+    rng = random.Random(0)
+    for _ in range(5):
+        check_json(sample(regex, rng, max_extra=2), doc)
