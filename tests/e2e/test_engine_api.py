@@ -98,6 +98,37 @@ def test_stop_token_ids_min_tokens_and_zero_tokens(engine) -> None:
     assert zero["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
 
 
+def _multi_token_char(tokenizer, text: str) -> str:
+    """The first character of `text` that the tokenizer splits into 3 or more tokens."""
+    return next(c for c in text if len(tokenizer.encode(c)) >= 3)
+
+
+def test_stop_strings_of_multi_token_characters(engine) -> None:
+    """A CJK character (several byte-level tokens) as the stop: it used to run to the length."""
+    prompt = "中文：我喜欢吃"
+    full = engine.generate(prompt, GREEDY)["text"]
+    stop = _multi_token_char(engine.tokenizer, full)
+    params = {**GREEDY, "stop": [stop]}
+    out = engine.generate(prompt, params)
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert out["text"] == full[: full.index(stop)]
+    assert [c["text"] for c in engine.generate(prompt, params, stream=True)][-1] == out["text"]
+
+
+def test_min_new_tokens_with_a_stop_string_streamed_equals_non_streamed(engine) -> None:
+    """The stop found after min_new_tokens is the one cut (not the first one in the text)."""
+    prompt, params = "The capital of France is", {**GREEDY, "max_new_tokens": 40}
+    ref = engine.generate(prompt, params)
+    first = ref["text"].index(".")
+    n_first = next(n for n in range(1, 41) if "." in engine.tokenizer.decode(ref["output_ids"][:n]))
+    params = {**params, "min_new_tokens": n_first + 1, "stop": ["."]}
+    out = engine.generate(prompt, params)
+    streamed = [c["text"] for c in engine.generate(prompt, params, stream=True)][-1]
+    assert out["text"] == streamed and len(out["text"]) > first
+    assert ref["text"].startswith(out["text"])
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": "."}
+
+
 @pytest.fixture(scope="module")
 def overlap_engine():
     """The default model with the overlapped decode schedule forced on (it is CUDA-only)."""

@@ -1,0 +1,72 @@
+"""The text pipeline over HTTP, on the shared server through the real `openai` client: stop
+strings of multi-token characters, stop strings checked on the visible text, min_new_tokens with
+a stop (streamed == non-streamed), logprob bytes, top_logprobs keys, text_offset, and request
+validation (seed, stream_options)."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from radixlm.runtime.models.default_model import default_model_path
+from radixlm.runtime.tokenizer import load_tokenizer
+
+GREEDY = {"temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key=server.api_key, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(default_model_path())
+
+
+@pytest.fixture(autouse=True)
+def _kv_accounting(server):
+    yield
+    server.wait_idle_and_check_kv()
+
+
+def _multi_token_char(tokenizer, text: str) -> str:
+    """The first character of `text` that the tokenizer splits into 3 or more tokens."""
+    return next(c for c in text if len(tokenizer.encode(c)) >= 3)
+
+
+def test_completion_stop_of_a_multi_token_character(client, tokenizer):
+    kwargs = {"model": "m", "prompt": "中文：我喜欢吃", "max_tokens": 24, **GREEDY}
+    full = client.completions.create(**kwargs).choices[0].text
+    stop = _multi_token_char(tokenizer, full[1:])  # not the first: some text comes before it
+    out = client.completions.create(stop=stop, **kwargs).choices[0]
+    assert out.finish_reason == "stop" and out.text == full[: full.index(stop)]
+    parts = [c.choices[0].text for c in client.completions.create(stop=stop, stream=True, **kwargs)]
+    assert "".join(parts) == out.text
+
+
+def test_chat_stop_of_an_emoji(client, tokenizer):
+    messages = [{"role": "user", "content": "Send me three happy emojis."}]
+    kwargs = {"model": "m", "messages": messages, "max_tokens": 24, **GREEDY}
+    full = client.chat.completions.create(**kwargs).choices[0].message.content
+    stop = next(c for c in full if len(c.encode()) == 4)  # an emoji: 4 bytes, 4 byte tokens
+    out = client.chat.completions.create(stop=[stop], **kwargs).choices[0]
+    assert out.finish_reason == "stop" and out.message.content == full[: full.index(stop)]
+
+
+def test_stop_spanning_a_hidden_special_token_matches(server):
+    """The user sees `OK\\n` (the `<|im_end|>` between is skipped): the stop `OK\\n` stops."""
+    prompt = "<|im_start|>user\nSay OK.<|im_end|>\n<|im_start|>assistant\n"
+    params = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
+
+    def generate(**extra):
+        body = {"text": prompt, "sampling_params": {**params, **extra}}
+        return server.client.post("/generate", json=body).json()
+
+    raw = generate(skip_special_tokens=False)["text"]
+    head = raw[: raw.index("<|im_end|>")]
+    assert raw.startswith(head + "<|im_end|>\n")
+    stop = head[-2:] + "\n"
+    out = generate(stop=[stop])
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert out["text"] == head[:-2]
