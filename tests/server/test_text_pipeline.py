@@ -70,3 +70,47 @@ def test_stop_spanning_a_hidden_special_token_matches(server):
     out = generate(stop=[stop])
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
     assert out["text"] == head[:-2]
+
+
+CJK = {"model": "m", "prompt": "中文：我喜欢吃", "max_tokens": 12, **GREEDY}
+
+
+def test_chat_logprob_bytes_rebuild_the_content(client):
+    """Partial-UTF-8 tokens carry their own bytes (not those of U+FFFD): joined, they are the
+    content; each token string is valid text or OpenAI's `bytes:\\xNN` escape."""
+    messages = [{"role": "user", "content": "Send me three happy emojis."}]
+    out = client.chat.completions.create(
+        model="m", messages=messages, max_tokens=12, logprobs=True, top_logprobs=3, **GREEDY
+    )
+    content = out.choices[0].logprobs.content
+    raw = b"".join(bytes(t.bytes) for t in content)
+    assert raw.decode() == out.choices[0].message.content and len(raw) > len(content)
+    for t in content:
+        assert t.top_logprobs[0].bytes == t.bytes and "\ufffd" not in t.token
+        assert all("\ufffd" not in alt.token for alt in t.top_logprobs)
+
+
+def test_completion_top_logprobs_keys_never_collide(client):
+    """Alternatives that all decode to U+FFFD alone used to share one key (2 keys of 5)."""
+    lp = client.completions.create(logprobs=5, **CJK).choices[0].logprobs
+    assert all(len(top) == 5 for top in lp.top_logprobs)
+    for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert top[token] == value  # greedy: the chosen token is the top-1, under its own key
+
+
+def test_text_offset_streamed_equals_non_streamed_and_counts_the_echo(client):
+    whole = client.completions.create(logprobs=1, **CJK).choices[0]
+    parts = list(client.completions.create(logprobs=1, stream=True, **CJK))
+    offsets = [o for p in parts if p.choices[0].logprobs for o in p.choices[0].logprobs.text_offset]
+    assert offsets == whole.logprobs.text_offset
+    assert offsets == sorted(offsets) and offsets[-1] < len(whole.text)
+    # Echo: offsets run through the prompt, then the completion (streamed and not).
+    echoed = client.completions.create(logprobs=1, echo=True, **CJK).choices[0]
+    parts = list(client.completions.create(logprobs=1, echo=True, stream=True, **CJK))
+    streamed = [
+        o for p in parts if p.choices[0].logprobs for o in p.choices[0].logprobs.text_offset
+    ]
+    assert streamed == echoed.logprobs.text_offset
+    n = len(whole.logprobs.text_offset)
+    prompt = CJK["prompt"]
+    assert echoed.logprobs.text_offset[-n:] == [len(prompt) + o for o in whole.logprobs.text_offset]
