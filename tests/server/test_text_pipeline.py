@@ -114,3 +114,23 @@ def test_text_offset_streamed_equals_non_streamed_and_counts_the_echo(client):
     n = len(whole.logprobs.text_offset)
     prompt = CJK["prompt"]
     assert echoed.logprobs.text_offset[-n:] == [len(prompt) + o for o in whole.logprobs.text_offset]
+
+
+def test_negative_seed_is_accepted_and_reproducible(client):
+    kwargs = {"model": "m", "prompt": "Once upon a time", "max_tokens": 8, "temperature": 1.0}
+    a = client.completions.create(seed=-7, **kwargs).choices[0].text
+    assert a == client.completions.create(seed=-7, **kwargs).choices[0].text
+    assert client.completions.create(seed=-(2**63), **kwargs).choices[0].finish_reason == "length"
+
+
+def test_stream_options_without_stream_is_rejected(client):
+    opts = {"include_usage": True}
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="m", prompt="hi", max_tokens=2, stream_options=opts)
+    assert err.value.body["param"] == "stream_options" and "stream" in err.value.body["message"]
+    messages = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model="m", messages=messages, max_tokens=2, stream=False, stream_options=opts
+        )
+    assert err.value.body["param"] == "stream_options"
