@@ -11,7 +11,7 @@ import time
 import pytest
 
 from radixlm.runtime.errors import InvalidRequestError
-from tests_helpers import get_engine, pid_alive, release_engine
+from tests_helpers import get_engine, pid_alive, release_engine, wait_idle_and_check
 
 GREEDY = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
 PROMPT = "The three most important inventions in history are"
@@ -286,3 +286,47 @@ def test_engine_arguments_are_checked() -> None:
         Engine(quantization="awq")
     with pytest.raises(ModelNotFoundError):
         Engine(model_path="/nonexistent/model")
+
+
+def test_streams_after_shutdown_raise_and_close_from_another_thread() -> None:
+    """A stream read after shutdown raises RequestAbortedError at once (it used to hang), sync and
+    async; closing a stream that another thread is reading aborts it instead of raising."""
+    from radixlm.runtime.engine import Engine
+    from radixlm.runtime.errors import RequestAbortedError
+
+    params = {"max_new_tokens": 200, "ignore_eos": True}
+    with Engine(model_path="tiny-llama", load_format="dummy", skip_tokenizer_init=True) as eng:
+        stream = eng.generate(input_ids=[1, 5, 9], sampling_params=params, stream=True)
+        next(stream)
+        reader = threading.Thread(target=lambda: [None for _ in stream], daemon=True)
+        reader.start()
+        stream.close()  # the reader may be inside next(): no "generator already executing"
+        reader.join(60)  # NOTE: a hang guard, not a timing assertion
+        assert not reader.is_alive()
+        wait_idle_and_check(eng)  # the closed stream's request was aborted
+        sync = eng.generate(input_ids=[1, 5, 9], sampling_params=params, stream=True)
+        next(sync)
+        errors: list[BaseException] = []
+
+        async def read_async_after_shutdown() -> None:
+            agen = await eng.async_generate(input_ids=[1, 5], sampling_params=params, stream=True)
+            await agen.__anext__()
+            eng.shutdown()
+            try:
+                await agen.__anext__()
+            except BaseException as exc:
+                errors.append(exc)
+
+        def read_after_shutdown() -> None:
+            asyncio.run(read_async_after_shutdown())
+            try:
+                next(sync)
+            except BaseException as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=read_after_shutdown, daemon=True)
+        thread.start()
+        thread.join(60)  # NOTE: a hang guard, not a timing assertion
+    assert not thread.is_alive(), "a stream read after shutdown hangs"
+    assert [type(e) for e in errors] == [RequestAbortedError, RequestAbortedError]
+    assert all("shut down" in str(e) for e in errors)
