@@ -107,7 +107,7 @@ class SamplingParams:
             if not isinstance(getattr(self, name), bool):
                 raise InvalidRequestError(f"{name} must be a boolean", name)
         if self.seed is not None:
-            _int(self, "seed", lo=0, hi=2**63 - 1)
+            _int(self, "seed", lo=-(2**63), hi=2**63 - 1)  # any int64, as OpenAI
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
