@@ -30,9 +30,10 @@ from radixlm.kernels.decode_workspace import (
 from radixlm.kernels.extend_attention import extend_attention
 from radixlm.kernels.rotary import rotary_store_kv
 from radixlm.kernels.store_kv import store_kv
-from radixlm.runtime.attention.base import AttentionBackend
+from radixlm.runtime.attention.base import AttentionBackend, LayerAttention
 from radixlm.runtime.forward_batch import ForwardBatch
 from radixlm.runtime.mem.kv_pool import KVPool, ReqToTokenPool
+from radixlm.runtime.models.registry import UnsupportedModelError
 from radixlm.runtime.models.rotary import RotaryEmbedding
 
 
@@ -60,6 +61,14 @@ class TritonAttnBackend(AttentionBackend):
         self._arrivals = torch.zeros(
             req_to_token.size * num_heads, dtype=torch.int32, device=kv_pool.device
         )
+
+    def set_layer_attention(self, layers: list[LayerAttention]) -> None:
+        if any(s.window is not None or s.softcap is not None for s in layers):
+            raise UnsupportedModelError(
+                "the triton attention backend has no sliding windows or logit soft-capping yet; "
+                "use attention_backend='torch' for this model"
+            )
+        super().set_layer_attention(layers)
 
     def _splits(self, bs: int, max_len: int) -> int:
         return choose_num_kv_splits(bs, max_len, self.num_kv_heads)
@@ -118,7 +127,7 @@ class TritonAttnBackend(AttentionBackend):
             batch.extend_seq_lens,
             batch.extend_start_loc,
             batch.attn_metadata,
-            self.scale,
+            self.layer(layer).scale,
             k_scale=self.kv_pool.k_scale[layer],
             v_scale=self.kv_pool.v_scale[layer],
         )
@@ -136,7 +145,7 @@ class TritonAttnBackend(AttentionBackend):
             out,
             meta.mid_o,
             meta.mid_lse,
-            self.scale,
+            self.layer(layer).scale,
             arrivals=self._arrivals,
             k_scale=self.kv_pool.k_scale[layer],
             v_scale=self.kv_pool.v_scale[layer],
