@@ -7,6 +7,7 @@
   DECODE: the same store, then `decode_attention_fwd`: per KV split, one program reads each KV head
           once for its whole GQA group; the last split program of each head block to finish
           merges the splits (one kernel; `arrivals` counts them and is left zeroed).
+Per-layer sliding windows, soft caps and scales (`AttentionBackend.layer`) go to both kernels.
 An FP8 pool's per-layer scales (`kv_pool.k_scale[layer]`, python floats) go to every kernel: the
 stores quantise with them, the attention kernels dequantise (CUDA graphs bake them in at capture).
 The decode workspace `(mid_o, mid_lse)` is carved from one fp32 buffer: sized per batch in eager
@@ -30,10 +31,9 @@ from radixlm.kernels.decode_workspace import (
 from radixlm.kernels.extend_attention import extend_attention
 from radixlm.kernels.rotary import rotary_store_kv
 from radixlm.kernels.store_kv import store_kv
-from radixlm.runtime.attention.base import AttentionBackend, LayerAttention
+from radixlm.runtime.attention.base import AttentionBackend
 from radixlm.runtime.forward_batch import ForwardBatch
 from radixlm.runtime.mem.kv_pool import KVPool, ReqToTokenPool
-from radixlm.runtime.models.registry import UnsupportedModelError
 from radixlm.runtime.models.rotary import RotaryEmbedding
 
 
@@ -61,14 +61,6 @@ class TritonAttnBackend(AttentionBackend):
         self._arrivals = torch.zeros(
             req_to_token.size * num_heads, dtype=torch.int32, device=kv_pool.device
         )
-
-    def set_layer_attention(self, layers: list[LayerAttention]) -> None:
-        if any(s.window is not None or s.softcap is not None for s in layers):
-            raise UnsupportedModelError(
-                "the triton attention backend has no sliding windows or logit soft-capping yet; "
-                "use attention_backend='torch' for this model"
-            )
-        super().set_layer_attention(layers)
 
     def _splits(self, bs: int, max_len: int) -> int:
         return choose_num_kv_splits(bs, max_len, self.num_kv_heads)
@@ -115,6 +107,7 @@ class TritonAttnBackend(AttentionBackend):
     ) -> torch.Tensor:
         assert batch.extend_prefix_lens is not None and batch.extend_seq_lens is not None
         assert batch.extend_start_loc is not None
+        spec = self.layer(layer)
         return extend_attention(
             q,
             k,
@@ -127,13 +120,16 @@ class TritonAttnBackend(AttentionBackend):
             batch.extend_seq_lens,
             batch.extend_start_loc,
             batch.attn_metadata,
-            self.layer(layer).scale,
+            spec.scale,
             k_scale=self.kv_pool.k_scale[layer],
             v_scale=self.kv_pool.v_scale[layer],
+            window=spec.window,
+            softcap=spec.softcap,
         )
 
     def forward_decode(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
         meta: _DecodeMeta = batch.attn_metadata
+        spec = self.layer(layer)
         out = torch.empty_like(q)
         return decode_attention_fwd(
             q,
@@ -145,10 +141,12 @@ class TritonAttnBackend(AttentionBackend):
             out,
             meta.mid_o,
             meta.mid_lse,
-            self.layer(layer).scale,
+            spec.scale,
             arrivals=self._arrivals,
             k_scale=self.kv_pool.k_scale[layer],
             v_scale=self.kv_pool.v_scale[layer],
+            window=spec.window,
+            softcap=spec.softcap,
         )
 
     # ---- CUDA graphs ---------------------------------------------------------------------------
