@@ -16,9 +16,9 @@ from tests_helpers import get_engine, release_engine
 MAX_NEW = 16
 _SHARED = [1, 17, 42, 99, 7, 7, 250, 3, 64, 128, 11, 31, 200, 5, 77, 150, 9, 21]  # > WINDOW
 PROMPTS = [
-    _SHARED + [4, 8, 15],
-    _SHARED + [16, 23, 42, 108, 3],
-    _SHARED + [201, 202],
+    [*_SHARED, 4, 8, 15],
+    [*_SHARED, 16, 23, 42, 108, 3],
+    [*_SHARED, 201, 202],
     [9, 8, 7, 6, 5, 4, 3, 2, 1, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110],
 ]
 assert len(_SHARED) > WINDOW
