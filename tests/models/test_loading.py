@@ -7,13 +7,13 @@ import os
 
 import pytest
 import torch
+from tiny_models import TINY, save_tiny
 
 from radixlm.runtime.model_runner import ModelRunner
 from radixlm.runtime.models.default_model import ModelNotFoundError
 from radixlm.runtime.models.loader import resolve_model
 from radixlm.runtime.server_args import ServerArgs
 from tests_helpers import runner_logits
-from tiny_models import TINY, save_tiny
 
 IDS = [1, 5, 17, 250, 3, 99, 42, 7, 7, 7, 128, 64, 11]
 
