@@ -30,7 +30,8 @@ from typing import Any
 from radixlm.runtime import request_batch
 from radixlm.runtime.errors import EngineDeadError, RequestAbortedError
 from radixlm.runtime.launch import EngineProcesses, launch_processes
-from radixlm.runtime.models.default_model import DEFAULT_MODEL_NAME, ModelNotFoundError
+from radixlm.runtime.models.default_model import DEFAULT_MODEL_NAME
+from radixlm.runtime.models.hf_cache import resolve_cached_model
 from radixlm.runtime.process_utils import configure_logging
 from radixlm.runtime.request_batch import RequestBatch
 from radixlm.runtime.server_args import ServerArgs
@@ -135,9 +136,8 @@ class Engine:
         self._closed = False
         self.tokenizer = None
         if args.load_format != "dummy" and args.model_path and not os.path.exists(args.model_path):
-            raise ModelNotFoundError(
-                f"model path {args.model_path!r} does not exist (models are never downloaded)"
-            )
+            # a HF repo id from the local HF cache, else ModelNotFoundError (never downloads)
+            args = self.server_args = resolve_cached_model(args)
 
         def load_tokenizer() -> None:  # runs while the children start
             # NOTE: imported here, after the spawn: transformers takes ~1 s to import.
