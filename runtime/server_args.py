@@ -19,6 +19,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16", "hal
 ATTENTION_BACKENDS = ("torch", "triton")
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
 QUANTIZATIONS = ("fp8",)
+GRAMMAR_BACKENDS = ("outlines", "llguidance")  # runtime/constrained/setup.py
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,11 @@ class ServerArgs:
         ):
             raise InvalidRequestError(
                 "chunked_prefill_size must be >= 1 or -1", "chunked_prefill_size"
+            )
+        if self.grammar_backend not in GRAMMAR_BACKENDS:
+            raise InvalidRequestError(
+                f"grammar_backend must be one of {GRAMMAR_BACKENDS}, got {self.grammar_backend!r}",
+                "grammar_backend",
             )
         for name in ("request_timeout", "queue_timeout", "grammar_compile_timeout"):
             value = getattr(self, name)
