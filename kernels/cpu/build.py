@@ -1,6 +1,6 @@
 """Build and load the CPU kernel library (`linear.cpp`) once per machine, into a cache folder.
 
-The source compiles into one shared library per instruction set: `avx512` (AVX-512 F/BW/VL/DQ +
+The sources (`linear.cpp`, `attention.cpp`) compile into one shared library per instruction set: `avx512` (AVX-512 F/BW/VL/DQ +
 AVX2/FMA/F16C) and `avx2` (AVX2/FMA/F16C). `load()` picks the widest one this CPU runs (torch's
 own run-time detection, `torch.backends.cpu.get_cpu_capability()`), builds it on first use with
 the system C++ compiler (`$CXX`, else g++ or c++; OpenMP) into
@@ -26,7 +26,9 @@ import tempfile
 
 logger = logging.getLogger(__name__)
 
-_SRC = os.path.join(os.path.dirname(__file__), "linear.cpp")
+_DIR = os.path.dirname(__file__)
+_SOURCES = [os.path.join(_DIR, f) for f in ("linear.cpp", "attention.cpp")]
+_HEADERS = [os.path.join(_DIR, "linear_simd.h")]
 _FLAGS = {
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
     "avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"],
@@ -63,8 +65,10 @@ def cache_dir() -> str:
 
 def build(target: str, cxx: str) -> str:
     """Compile the library for `target` (a key of `_FLAGS`) unless cached; returns its path."""
-    with open(_SRC, "rb") as f:
-        src = f.read()
+    src = b""
+    for name in _SOURCES + _HEADERS:
+        with open(name, "rb") as f:
+            src += f.read()
     flags = _BASE_FLAGS + _FLAGS[target]
     key = hashlib.sha256(src + " ".join([cxx, *flags]).encode()).hexdigest()[:16]
     out_dir = os.path.join(cache_dir(), key)
@@ -75,7 +79,9 @@ def build(target: str, cxx: str) -> str:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
     try:
-        subprocess.run([cxx, *flags, _SRC, "-o", tmp], check=True, capture_output=True, text=True)
+        subprocess.run(
+            [cxx, *flags, *_SOURCES, "-o", tmp], check=True, capture_output=True, text=True
+        )
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -89,6 +95,9 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.rl_linear_quant.argtypes = [p, i64, i64, p, i32, i64, p]
     lib.rl_dequant.argtypes = [p, i32, i64, i64, p]
     lib.rl_set_threads.argtypes = [i32]
+    lib.rl_decode_attention.argtypes = [p, p, p, i32, p, i64, p, p, i64, i64, i64, i64]
+    lib.rl_decode_attention.argtypes += [ctypes.c_float, p]
+    lib.rl_decode_attention.restype = i32
     for fn in (lib.rl_linear_dense, lib.rl_linear_quant, lib.rl_dequant, lib.rl_simd_width):
         fn.restype = i32
     return lib

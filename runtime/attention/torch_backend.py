@@ -5,7 +5,9 @@ the slot indices once (`init_forward_metadata`); every layer then gathers K/V wi
 `index_select` per tensor.
   EXTEND: one SDPA call per request, causal with the cached prefix in front of the new tokens
           (the prefix read from the pool, the new tokens' K/V as computed, like the Triton kernel).
-  DECODE: one batched SDPA over the padded batch `[B, kvH, Lmax, D]` with a key-padding mask.
+  DECODE: one batched SDPA over the padded batch `[B, kvH, Lmax, D]` with a key-padding mask;
+          on CPU, where the C++ kernel runs (`kernels/cpu/attention.py`), that kernel instead:
+          it reads K/V in place through `req_to_token` (no gather, no padding, no metadata).
 Whatever is read from the pool is dequantised to q's dtype (an FP8 pool: `fp8 * scale`).
 """
 
@@ -37,9 +39,21 @@ class _DecodeMeta:
 
 
 class TorchAttnBackend(AttentionBackend):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.cpu_decode = False
+        if self.req_to_token.device.type == "cpu":
+            from radixlm.kernels.cpu import attention as cpu_attention
+
+            shape = (self.num_heads, self.num_kv_heads, self.head_dim)
+            self.cpu_decode = cpu_attention.supports(self.kv_pool.dtype, *shape)
+
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         table = self.req_to_token
         rows = batch.req_pool_indices
+        if batch.is_decode and self.cpu_decode:
+            batch.attn_metadata = None  # NOTE: the C++ kernel reads req_to_token directly
+            return
         if batch.is_decode:
             max_len = max(batch.seq_lens_cpu)
             slots = table[rows, :max_len].to(torch.int64)
@@ -95,6 +109,16 @@ class TorchAttnBackend(AttentionBackend):
         return out
 
     def forward_decode(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
+        if self.cpu_decode:
+            from radixlm.kernels.cpu.attention import decode_attention
+
+            k_pool, v_pool = self.kv_pool.k[layer], self.kv_pool.v[layer]
+            o = decode_attention(
+                q, k_pool, v_pool, self.req_to_token, batch.req_pool_indices, batch.seq_lens,
+                self.scale,
+            )  # fmt: skip
+            assert o is not None  # NOTE: `supports` held at start-up
+            return o.to(q.dtype)
         meta: _DecodeMeta = batch.attn_metadata
         bs = q.shape[0]
         shape = (bs, meta.max_len, self.num_kv_heads, self.head_dim)

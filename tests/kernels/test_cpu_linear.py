@@ -86,3 +86,28 @@ def test_disabled_by_env(monkeypatch, caplog) -> None:
         assert "RADIXLM_CPU_KERNELS=0" in caplog.text
     finally:
         build.load.cache_clear()
+
+
+@needs_lib
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_decode_attention_matches_reference(dtype: torch.dtype) -> None:
+    from radixlm.kernels.cpu.attention import decode_attention, decode_attention_ref
+
+    slots_total, kvh, d, h = 300, 3, 64, 9
+    k_pool = torch.randn(slots_total, kvh, d).to(dtype)
+    v_pool = torch.randn(slots_total, kvh, d).to(dtype)
+    table = torch.zeros(4, 128, dtype=torch.int32)
+    lens = [1, 37, 128]
+    perm = torch.randperm(slots_total - 1)[: sum(lens)] + 1
+    start = 0
+    for row, n in enumerate(lens):
+        table[row + 1, :n] = perm[start : start + n].int()
+        start += n
+    rows, seq_lens = torch.tensor([3, 1, 2]), torch.tensor([128, 1, 37])
+    table[3] = table[3].clone()
+    table[3, :128] = (torch.arange(128) + 1).int()
+    q = torch.randn(3, h, d)
+    got = decode_attention(q, k_pool, v_pool, table, rows, seq_lens, d**-0.5)
+    want = decode_attention_ref(q, k_pool, v_pool, table, rows, seq_lens, d**-0.5)
+    assert got is not None
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
