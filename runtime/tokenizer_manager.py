@@ -182,6 +182,10 @@ class TokenizerManager:
         )
         if sp.stop and self.tokenizer is None:
             raise InvalidRequestError("stop strings need a tokenizer (skip_tokenizer_init)", "stop")
+        if sp.stop_regex and self.tokenizer is None:
+            raise InvalidRequestError(
+                "stop_regex needs a tokenizer (skip_tokenizer_init)", "stop_regex"
+            )
         lsl = req.logprob_start_len
         if lsl is not None and (not isinstance(lsl, int) or lsl < -1 or lsl >= len(ids)):
             raise InvalidRequestError(

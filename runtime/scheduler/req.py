@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from radixlm.runtime.sampling.compat_params import STOP_REGEX_WINDOW, first_stop_regex_match
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.stop_match import StopChecker, max_stop_bytes
 
@@ -139,6 +140,15 @@ class Req:
                 )
                 if stop is not None:
                     self.finished_reason = {"type": "stop", "matched": stop}
+                    return
+            if sp.stop_regex and stops is not None:
+                tail = stops.tokenizer.decode(
+                    self.output_ids[-STOP_REGEX_WINDOW:],
+                    skip_special_tokens=sp.skip_special_tokens,
+                )
+                matched = first_stop_regex_match(sp.stop_regex, tail)
+                if matched is not None:  # NOTE: the detokenizer trims at the matched text
+                    self.finished_reason = {"type": "stop", "matched": matched}
                     return
         if n >= sp.max_new_tokens:
             self.finished_reason = {"type": "length", "length": sp.max_new_tokens}
