@@ -24,16 +24,21 @@ def make_cache(capacity: int = CAPACITY) -> RadixCache:
 
 
 def insert_new(cache: RadixCache, tokens: list[int]) -> torch.Tensor | None:
-    """As the scheduler does: reuse the cached prefix, allocate the rest, insert."""
-    slots, _ = cache.match_prefix(tokens)
-    new = cache.allocator.alloc(len(tokens) - len(slots))
-    if new is None:
-        cache.evict(len(tokens) - len(slots) - cache.allocator.available())
+    """As the scheduler does: reuse the cached prefix (locked while the rest is allocated, so
+    eviction cannot free it), allocate the rest, insert."""
+    slots, node = cache.match_prefix(tokens)
+    cache.lock(node)
+    try:
         new = cache.allocator.alloc(len(tokens) - len(slots))
         if new is None:
-            return None
-    full = torch.cat([slots, new])
-    assert cache.insert(tokens, full) == len(slots)
+            cache.evict(len(tokens) - len(slots) - cache.allocator.available())
+            new = cache.allocator.alloc(len(tokens) - len(slots))
+            if new is None:
+                return None
+        full = torch.cat([slots, new])
+        assert cache.insert(tokens, full) == len(slots)
+    finally:
+        cache.unlock(node)
     return full
 
 
