@@ -126,6 +126,7 @@ def test_shared_non_recursive_refs_still_compile():
         {"type": ["null", "string"], "format": "time"},
         {"type": ["string", "null"], "pattern": "^[0-9]+$"},
         {"type": ["string", "null"], "maxLength": 3},
+        {"type": ["object", "null"]},
         {"type": ["string", "integer"], "maxLength": 2, "minimum": 3, "maximum": 9},
         {"type": ["object", "null"], "properties": {"d": {"type": ["string"], "format": "date"}}},
         {"type": ["array", "string"], "items": {"type": "integer", "maximum": 3}, "maxItems": 2,
