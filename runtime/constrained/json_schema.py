@@ -63,7 +63,11 @@ def parse_schema(text: str) -> Any:
         raise GrammarError("json_schema must be a JSON object (a schema)", "json_schema")
     import jsonschema
 
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    # NOTE: without `$schema`, a boolean exclusiveMinimum/Maximum can only mean draft 4.
+    default = (
+        jsonschema.Draft4Validator if _draft4_bounds(schema) else jsonschema.Draft202012Validator
+    )
+    cls = jsonschema.validators.validator_for(schema, default=default)
     try:
         cls.check_schema(schema)
     except jsonschema.SchemaError as exc:
@@ -77,6 +81,17 @@ def parse_schema(text: str) -> Any:
             f"invalid JSON schema at {where}: {exc.message}", "json_schema"
         ) from None
     return schema
+
+
+def _draft4_bounds(node: Any) -> bool:
+    """Whether a boolean `exclusiveMinimum`/`exclusiveMaximum` (draft 4's form) occurs."""
+    if isinstance(node, dict):
+        if any(isinstance(node.get(k), bool) for k in ("exclusiveMinimum", "exclusiveMaximum")):
+            return True
+        return any(_draft4_bounds(v) for v in node.values())
+    if isinstance(node, list):
+        return any(_draft4_bounds(v) for v in node)
+    return False
 
 
 def any_object_regex(whitespace_pattern: str | None = None, depth: int = 2) -> str:
