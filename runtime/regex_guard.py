@@ -267,8 +267,22 @@ def check_schema_patterns(schema_text: str) -> None:
         schema = json.loads(schema_text)
     except (TypeError, ValueError):
         return
+    from radixlm.runtime.constrained.regex_python import translate
+
     for pattern in _schema_patterns(schema):
         check_regex_size(pattern, "json_schema")
+        try:
+            # NOTE: the automaton is built from the JSON-escaped form (`.` becomes a class plus
+            # some 30 escape sequences), which can be several times larger than the pattern's.
+            escaped = translate(pattern, "json_schema", json_string=True)
+        except GrammarError:
+            continue  # refused by the constraint checks, which run first
+        problem = _problem(escaped)
+        if problem:
+            shown = pattern if len(pattern) <= 80 else pattern[:77] + "..."
+            raise GrammarError(
+                f"json_schema {shown!r} is too complex once JSON-escaped: {problem}", "json_schema"
+            )
 
 
 def _schema_patterns(node: Any) -> Iterator[str]:

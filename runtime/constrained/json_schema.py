@@ -127,7 +127,7 @@ def schema_to_regex(text: str, whitespace_pattern: str | None = None) -> str:
     if _is_any_object(schema):
         return any_object_regex(whitespace_pattern)
     check_refs(schema)
-    rewriter = _Rewriter(text, schema)
+    rewriter = _Rewriter(text, schema, whitespace_pattern)
     rewritten = rewriter.node(schema, "")
     from outlines_core.json_schema import build_regex_from_schema
 
@@ -153,8 +153,9 @@ def _fail(message: str) -> GrammarError:
 
 
 class _Rewriter:
-    def __init__(self, text: str, root: Any) -> None:
+    def __init__(self, text: str, root: Any, whitespace_pattern: str | None = None) -> None:
         self.root = root
+        self.whitespace_pattern = whitespace_pattern
         self.markers: dict[str, str] = {}
         self.base = _MARKER_BASE
         while str(self.base)[:12] in text:  # NOTE: markers must not occur in the user's schema
@@ -182,6 +183,8 @@ class _Rewriter:
             raise _fail(f"the schema at {path or '/'} is `false` (matches nothing)")
         if not isinstance(node, dict):
             return node
+        if _is_any_object(node):  # NOTE: also as a branch of a type list or a property
+            return self.marker(any_object_regex(self.whitespace_pattern))
         node = dict(node)
         for kw in UNSUPPORTED_KEYWORDS:
             if kw in node and not (kw == "uniqueItems" and node[kw] is False):

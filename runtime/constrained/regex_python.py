@@ -71,7 +71,7 @@ def _unsupported(pattern: str, field: str, what: str) -> GrammarError:
     return GrammarError(f"unsupported regex feature in {_shown(pattern)}: {what}", field)
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=256)
 def _translate(pattern: str, field: str, json_string: bool) -> str:
     for rx, reason in _FOREIGN:
         if rx.search(pattern):
@@ -91,7 +91,10 @@ def _translate(pattern: str, field: str, json_string: bool) -> str:
     flags = tree.state.flags
     if flags & (re.IGNORECASE | re.LOCALE):
         raise _unsupported(pattern, field, "the case-insensitive flag (?i) / locale flag (?L)")
-    return _Emitter(pattern, field, json_string).seq(list(tree), flags, True, True)
+    try:
+        return _Emitter(pattern, field, json_string).seq(list(tree), flags, True, True)
+    except RecursionError:
+        raise GrammarError(f"invalid regex {_shown(pattern)}: nested too deeply", field) from None
 
 
 class _Emitter:
@@ -180,9 +183,25 @@ class _Emitter:
             return _class(ranges)
         safe = _subtract(ranges, _NEEDS_ESCAPE)
         alts = [_class(safe)] if safe else []
-        for lo, hi in _intersect(ranges, _NEEDS_ESCAPE):
-            for c in range(lo, hi + 1):
-                alts.append(_escape_text(_JSON_ESCAPES.get(c, f"\\u{c:04x}")))
+        special = [c for lo, hi in _intersect(ranges, _NEEDS_ESCAPE) for c in range(lo, hi + 1)]
+        # NOTE: grouped (`\\["\\nt]`, `\\u00(0[0-7]|1[0-9a-f])`): one alternative per escape
+        # would make the automaton (and regex_guard's estimate) several times larger.
+        short = [ord(_JSON_ESCAPES[c][1]) for c in special if c in _JSON_ESCAPES]
+        if short:
+            alts.append(_char(0x5C) + _class(_normalize(tuple((c, c) for c in short))))
+        long = [c for c in special if c not in _JSON_ESCAPES]
+        if long:
+            groups = []
+            for high in sorted({c >> 4 for c in long}):
+                lows = tuple(
+                    (ord(f"{c & 15:x}"), ord(f"{c & 15:x}")) for c in long if c >> 4 == high
+                )
+                groups.append(f"{high:x}{_class(_normalize(lows))}")
+            alts.append(
+                _char(0x5C)
+                + "u00"
+                + ("(" + "|".join(groups) + ")" if len(groups) > 1 else groups[0])
+            )
         return alts[0] if len(alts) == 1 else "(" + "|".join(alts) + ")"
 
 

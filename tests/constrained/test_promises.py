@@ -126,6 +126,7 @@ def test_shared_non_recursive_refs_still_compile():
         {"type": ["null", "string"], "format": "time"},
         {"type": ["string", "null"], "pattern": "^[0-9]+$"},
         {"type": ["string", "null"], "maxLength": 3},
+        {"type": ["object", "null"]},
         {"type": ["string", "integer"], "maxLength": 2, "minimum": 3, "maximum": 9},
         {"type": ["object", "null"], "properties": {"d": {"type": ["string"], "format": "date"}}},
         {"type": ["array", "string"], "items": {"type": "integer", "maximum": 3}, "maxItems": 2,
@@ -338,3 +339,11 @@ def test_any_schema_compiles_to_valid_outputs_or_is_refused_by_name(schema, wrap
     rng = random.Random(0)
     for _ in range(5):
         check_json(sample(regex, rng, max_extra=2), doc)
+
+
+def test_schema_pattern_size_is_bounded_in_its_json_escaped_form():
+    from radixlm.runtime.regex_guard import check_schema_patterns
+
+    check_schema_patterns(json.dumps({"type": "string", "pattern": "^.{1,200}$"}))
+    with pytest.raises(GrammarError, match="too complex once JSON-escaped"):
+        check_schema_patterns(json.dumps({"type": "string", "pattern": "^.{300}$"}))
