@@ -30,6 +30,7 @@ from radixlm.lang.errors import (
     NoBackendError,
     ProgramError,
     UnsupportedFeatureError,
+    VariableNotFoundError,
 )
 from radixlm.lang.function import Function, function
 from radixlm.lang.primitives import (
@@ -100,6 +101,7 @@ __all__ = [
     "ProgramState",
     "ProgramStateGroup",
     "UnsupportedFeatureError",
+    "VariableNotFoundError",
     "assistant",
     "assistant_begin",
     "assistant_end",

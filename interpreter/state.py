@@ -125,6 +125,8 @@ class ProgramState:
         if not exe.stream:
             yield self.text() if var_name is None else str(self.get_var(var_name))
             return
+        if var_name is not None:
+            exe.require_var(var_name)  # NOTE: waits while the program may still append it
         seen, version = 0, -1
         while True:
             version = exe.wait_change(version)
@@ -142,6 +144,8 @@ class ProgramState:
         """`text_iter` for asyncio code (waits in a thread, never blocks the event loop)."""
         loop = asyncio.get_running_loop()
         exe = self.executor
+        if var_name is not None:
+            await loop.run_in_executor(None, exe.require_var, var_name)
         if not exe.stream:
             value = await loop.run_in_executor(
                 None, lambda: self.text() if var_name is None else str(self.get_var(var_name))
@@ -246,4 +250,7 @@ class ProgramStateGroup:
         else:
             raise ValueError(f"unknown join mode {mode!r} (gather_variable | concate_and_append)")
         for state in self.states:
-            state.executor.end()
+            state.executor.end(
+                "this fork was joined: it takes no more expressions (append to the state it was"
+                " forked from, or fork again)"
+            )
