@@ -13,6 +13,7 @@ failed precache of the shared prefix is no exception: the programs then run with
 
 Ctrl-C (KeyboardInterrupt) in `run` or `run_batch` aborts the requests the programs have in
 flight (`cancel.py`'s `RequestScope`) and re-raises at once; their later requests never start.
+Leaving a `generator_style` batch early (closing it) aborts the programs still running the same way.
 """
 
 from __future__ import annotations
@@ -185,7 +186,7 @@ def _run_batch(
             futures.append(future)
         for future in futures:
             yield future.result()
-    except (KeyboardInterrupt, SystemExit):
+    except BaseException:  # Ctrl-C, or GeneratorExit: the consumer left a generator_style batch
         # NOTE: surface at once: abort the batch's requests, drop the programs not started, and
         # do not wait for the pool (its threads end as their aborted requests return).
         interrupted = True

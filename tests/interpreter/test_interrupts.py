@@ -40,22 +40,40 @@ def _running_at_least(engine, n: int) -> Callable[[], bool]:
     return lambda: engine.get_server_info()["num_running"] >= n
 
 
-def test_ctrl_c_in_run_aborts_the_programs_requests(engine):
-    @rl.function
-    def many(s):
-        s += "Count to one thousand:"
-        forks = s.fork(12)
-        for f in forks:
-            f += rl.gen("x", max_tokens=MAX, ignore_eos=True)
-        forks.join()
+@rl.function
+def _many(s):
+    s += "Count to one thousand:"
+    forks = s.fork(12)
+    for f in forks:
+        f += rl.gen("x", max_tokens=MAX, ignore_eos=True)
+    forks.join()
 
+
+def test_ctrl_c_in_run_aborts_the_programs_requests(engine):
     before = _generated(engine)
     helper = _interrupt_when(_running_at_least(engine, 12))
     with pytest.raises(KeyboardInterrupt):
-        many.run(backend=engine, temperature=0)
+        _many.run(backend=engine, temperature=0)
     helper.join()
     wait_idle_and_check(engine)  # the 12 requests were aborted: nothing runs any more
     assert _generated(engine) - before < 12 * MAX
+
+
+def test_ctrl_c_in_run_aborts_the_programs_requests_on_a_server(main_server):
+    """The same through `RuntimeEndpoint`: the aborts travel as POST /abort_request."""
+    from radixlm.interpreter.runtime_endpoint import RuntimeEndpoint
+
+    endpoint = RuntimeEndpoint(main_server.base_url, api_key=main_server.api_key)
+    try:
+        before = main_server.info()["generated_tokens"]
+        helper = _interrupt_when(lambda: main_server.info()["num_running"] >= 12)
+        with pytest.raises(KeyboardInterrupt):
+            _many.run(backend=endpoint, temperature=0)
+        helper.join()
+        main_server.wait_idle_and_check_kv()
+        assert main_server.info()["generated_tokens"] - before < 12 * MAX
+    finally:
+        endpoint.shutdown()
 
 
 def test_ctrl_c_in_run_batch_surfaces_before_the_batch_ends_and_aborts_it(engine):
@@ -102,3 +120,21 @@ def test_flush_cache_while_requests_run_returns_false_and_warns(engine):
         stream.close()
     wait_idle_and_check(engine)
     assert rl.flush_cache(engine) is True
+
+
+def test_leaving_a_generator_style_batch_early_aborts_the_rest(engine):
+    @rl.function
+    def one(s, n):
+        s += "Tell a story:" + rl.gen("x", max_tokens=n, ignore_eos=True)
+
+    before = _generated(engine)
+    batch = [{"n": 4}] + [{"n": MAX}] * 3
+    states = one.run_batch(
+        batch, backend=engine, precache=False, num_threads=4, generator_style=True
+    )
+    for state in states:
+        assert state["x"]
+        break
+    states.close()  # what leaving the loop does once the generator is collected
+    wait_idle_and_check(engine)
+    assert _generated(engine) - before < 4 + 3 * MAX
