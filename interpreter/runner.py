@@ -72,6 +72,7 @@ def run_program(
     scope = RequestScope()
     with scope.active():
         state = _new_state(function, resolve_backend(backend), defaults, stream)
+    state.request_scope = scope  # NOTE: Ctrl-C in `text_iter` of a streamed run cancels it
     if stream:
 
         def target() -> None:

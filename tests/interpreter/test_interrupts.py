@@ -138,3 +138,15 @@ def test_leaving_a_generator_style_batch_early_aborts_the_rest(engine):
     states.close()  # what leaving the loop does once the generator is collected
     wait_idle_and_check(engine)
     assert _generated(engine) - before < 4 + 3 * MAX
+
+
+def test_ctrl_c_while_reading_a_streamed_run_aborts_it(engine):
+    before = _generated(engine)
+    state = _many.run(backend=engine, temperature=0, stream=True)
+    helper = _interrupt_when(_running_at_least(engine, 12))
+    with pytest.raises(KeyboardInterrupt):
+        for _ in state.text_iter():
+            pass
+    helper.join()
+    wait_idle_and_check(engine)
+    assert _generated(engine) - before < 12 * MAX
