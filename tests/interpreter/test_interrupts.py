@@ -5,11 +5,11 @@ this process by a helper thread once the engine reports the requests running (ob
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -19,17 +19,26 @@ from tests_helpers import wait_idle_and_check
 MAX = 256
 
 
-def _interrupt_when(predicate: Callable[[], bool]) -> threading.Thread:
-    """SIGINT to this process (the main thread gets KeyboardInterrupt) once `predicate()` holds."""
+@contextlib.contextmanager
+def _interrupt_when(predicate: Callable[[], bool]) -> Iterator[None]:
+    """SIGINT to this process (the main thread gets KeyboardInterrupt) once `predicate()` holds
+    inside the block; never after it (the helper stops when the block ends)."""
+    stop = threading.Event()
 
     def run() -> None:
-        while not predicate():
-            time.sleep(0.02)  # NOTE: polling an observed state, not a timing assumption
-        os.kill(os.getpid(), signal.SIGINT)
+        while not stop.is_set():
+            if predicate():
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            stop.wait(0.02)  # NOTE: polling an observed state, not a timing assumption
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    return thread
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _generated(engine) -> int:
@@ -51,10 +60,8 @@ def _many(s):
 
 def test_ctrl_c_in_run_aborts_the_programs_requests(engine):
     before = _generated(engine)
-    helper = _interrupt_when(_running_at_least(engine, 12))
-    with pytest.raises(KeyboardInterrupt):
+    with _interrupt_when(_running_at_least(engine, 12)), pytest.raises(KeyboardInterrupt):
         _many.run(backend=engine, temperature=0)
-    helper.join()
     wait_idle_and_check(engine)  # the 12 requests were aborted: nothing runs any more
     assert _generated(engine) - before < 12 * MAX
 
@@ -66,10 +73,11 @@ def test_ctrl_c_in_run_aborts_the_programs_requests_on_a_server(main_server):
     endpoint = RuntimeEndpoint(main_server.base_url, api_key=main_server.api_key)
     try:
         before = main_server.info()["generated_tokens"]
-        helper = _interrupt_when(lambda: main_server.info()["num_running"] >= 12)
-        with pytest.raises(KeyboardInterrupt):
+        with (
+            _interrupt_when(lambda: main_server.info()["num_running"] >= 12),
+            pytest.raises(KeyboardInterrupt),
+        ):
             _many.run(backend=endpoint, temperature=0)
-        helper.join()
         main_server.wait_idle_and_check_kv()
         assert main_server.info()["generated_tokens"] - before < 12 * MAX
     finally:
@@ -82,11 +90,9 @@ def test_ctrl_c_in_run_batch_surfaces_before_the_batch_ends_and_aborts_it(engine
         s += f"Story number {i}:" + rl.gen("x", max_tokens=MAX, ignore_eos=True)
 
     before = _generated(engine)
-    helper = _interrupt_when(_running_at_least(engine, 6))
-    with pytest.raises(KeyboardInterrupt):
+    with _interrupt_when(_running_at_least(engine, 6)), pytest.raises(KeyboardInterrupt):
         one.run_batch([{"i": i} for i in range(6)], backend=engine, precache=False, num_threads=6)
     at_raise = _generated(engine) - before
-    helper.join()
     assert at_raise < 6 * MAX  # it did not wait for the whole batch
     wait_idle_and_check(engine)
     assert _generated(engine) - before < 6 * MAX
@@ -143,10 +149,8 @@ def test_leaving_a_generator_style_batch_early_aborts_the_rest(engine):
 def test_ctrl_c_while_reading_a_streamed_run_aborts_it(engine):
     before = _generated(engine)
     state = _many.run(backend=engine, temperature=0, stream=True)
-    helper = _interrupt_when(_running_at_least(engine, 12))
-    with pytest.raises(KeyboardInterrupt):
+    with _interrupt_when(_running_at_least(engine, 12)), pytest.raises(KeyboardInterrupt):
         for _ in state.text_iter():
             pass
-    helper.join()
     wait_idle_and_check(engine)
     assert _generated(engine) - before < 12 * MAX
