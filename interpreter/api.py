@@ -11,6 +11,7 @@ import importlib
 from typing import Any
 
 from radixlm.interpreter.backend import Backend
+from radixlm.interpreter.cancel import ProgramInterruptedError
 from radixlm.interpreter.config import (
     get_default_backend,
     global_config,
@@ -29,6 +30,7 @@ from radixlm.lang.errors import (
     NoBackendError,
     ProgramError,
     UnsupportedFeatureError,
+    VariableNotFoundError,
 )
 from radixlm.lang.function import Function, function
 from radixlm.lang.primitives import (
@@ -51,9 +53,10 @@ from radixlm.lang.primitives import (
 from radixlm.lang.sampling import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR
 
 
-def flush_cache(backend: Any = None) -> None:
-    """Empty the prefix cache of `backend` (default: the default backend)."""
-    resolve_backend(backend).flush_cache()
+def flush_cache(backend: Any = None) -> bool:
+    """Empty the prefix cache of `backend` (default: the default backend). Returns True, or
+    False with a warning while requests run (the runtime refuses then)."""
+    return resolve_backend(backend).flush_cache()
 
 
 def get_server_info(backend: Any = None) -> dict[str, Any]:
@@ -94,9 +97,11 @@ __all__ = [
     "LangError",
     "NoBackendError",
     "ProgramError",
+    "ProgramInterruptedError",
     "ProgramState",
     "ProgramStateGroup",
     "UnsupportedFeatureError",
+    "VariableNotFoundError",
     "assistant",
     "assistant_begin",
     "assistant_end",

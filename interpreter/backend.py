@@ -63,8 +63,12 @@ class Backend(ABC):
     def cache_prefix(self, text: str) -> None:  # noqa: B027 (optional hook)
         """Make `text` resident in the runtime's prefix cache (no-op where there is none)."""
 
-    def flush_cache(self) -> None:
+    def flush_cache(self) -> bool:
+        """Drop the runtime's prefix cache: True, or False with a warning while requests run."""
         raise UnsupportedFeatureError(f"{type(self).__name__} cannot flush a cache")
+
+    def abort_request(self, rid: str) -> None:  # noqa: B027 (optional hook)
+        """Abort the request tagged `rid` (Ctrl-C in a program; no-op where it cannot)."""
 
     def get_server_info(self) -> dict[str, Any]:
         return {}

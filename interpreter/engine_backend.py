@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import warnings
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -63,7 +64,7 @@ class EngineBackend(NativeBackend):
 
     @staticmethod
     def _kwargs(payload: Payload) -> dict[str, Any]:
-        kwargs = {k: payload[k] for k in _REQUEST_KEYS if k in payload}
+        kwargs = {k: payload[k] for k in (*_REQUEST_KEYS, "rid") if k in payload}
         if "input_ids" in payload:
             kwargs["input_ids"] = payload["input_ids"]
         else:
@@ -83,8 +84,15 @@ class EngineBackend(NativeBackend):
     def _request_stream(self, payload: Payload) -> Iterator[Response]:
         yield from self.engine.generate(stream=True, **self._kwargs(payload))
 
-    def flush_cache(self) -> None:
-        self.engine.flush_cache()
+    def abort_request(self, rid: str) -> None:
+        self.engine.abort_request(rid)
+
+    def flush_cache(self) -> bool:
+        """Drop the engine's prefix cache; while requests run it refuses: False and a warning."""
+        flushed = bool(self.engine.flush_cache())
+        if not flushed:
+            warnings.warn("cache not flushed: requests are running", stacklevel=3)
+        return flushed
 
     def get_server_info(self) -> dict[str, Any]:
         return self.engine.get_server_info()

@@ -27,7 +27,7 @@ from typing import Any
 from radixlm.interpreter.backend import Backend
 from radixlm.interpreter.nodes import NodeRunner, describe
 from radixlm.interpreter.spans import Span, SubmitSite, program_error
-from radixlm.lang.errors import LangError, ProgramError
+from radixlm.lang.errors import LangError, ProgramError, VariableNotFoundError
 from radixlm.lang.ir import CommitLazy, Expr, variable_name, walk
 from radixlm.lang.sampling import SamplingParams
 
@@ -67,11 +67,12 @@ class StreamExecutor(NodeRunner):
         self._pending = 0
         self._dead = False
         self._ended = False
+        self._end_reason: str | None = None
         self._children: list[StreamExecutor] = []
 
         self._cur_role: str | None = None
         self._cur_role_begin_pos = 0
-        self._scope_start: dict[str, int] = {}
+        self._scope_start: dict[str, list[int]] = {}
         self.fork_start_text_pos = 0
 
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -88,10 +89,13 @@ class StreamExecutor(NodeRunner):
         with self._cond:
             if self._ended:
                 raise LangError(
-                    f"program {self.program_name!r} has finished; its state is read-only"
+                    self._end_reason
+                    or f"program {self.program_name!r} has finished; its state is read-only"
                 )
             for name in names:
                 self.variable_event[name] = threading.Event()
+            if names:
+                self._cond.notify_all()  # `require_var` waits for names to appear
             if self._dead:  # the worker stopped on an error: nothing will run, release readers
                 for name in names:
                     self.variable_event[name].set()
@@ -99,12 +103,15 @@ class StreamExecutor(NodeRunner):
             self._pending += 1
         self._queue.put((expr, site))
 
-    def end(self) -> None:
-        """No more expressions: the worker exits after the queued ones (idempotent)."""
+    def end(self, reason: str | None = None) -> None:
+        """No more expressions: the worker exits after the queued ones (idempotent). `reason`:
+        what a later `submit` says (default: the program has finished)."""
         with self._cond:
             if self._ended:
                 return
             self._ended = True
+            self._end_reason = reason
+            self._cond.notify_all()  # `require_var` waits for the program's code to end
             children = list(self._children)
         self._queue.put(_END)
         for child in children:
@@ -123,7 +130,21 @@ class StreamExecutor(NodeRunner):
             if name in self.variables:
                 return self.variables[name]
         self.raise_if_failed()
-        raise KeyError(f"program {self.program_name!r} has no variable {name!r}")
+        raise VariableNotFoundError(f"program {self.program_name!r} has no variable {name!r}")
+
+    def require_var(self, name: str, timeout: float | None = None) -> None:
+        """Raise VariableNotFoundError unless `name` is (or, while a streaming program still runs,
+        becomes) a variable of this state."""
+        with self._cond:
+            self._cond.wait_for(
+                lambda: name in self.variables or name in self.variable_event
+                or not (self.stream and not self._ended and not self._dead),
+                timeout,
+            )  # fmt: skip
+            if name in self.variables or name in self.variable_event:
+                return
+        self.raise_if_failed()
+        raise VariableNotFoundError(f"program {self.program_name!r} has no variable {name!r}")
 
     def set_var(self, name: str, value: Any) -> None:
         with self._cond:
@@ -131,6 +152,7 @@ class StreamExecutor(NodeRunner):
             self._changed()
 
     def get_meta_info(self, name: str, timeout: float | None = None) -> Any:
+        self.require_var(name, timeout)
         event = self.variable_event.get(name)
         if event is not None and not event.wait(timeout):
             raise TimeoutError(f"timed out waiting for variable {name!r}")

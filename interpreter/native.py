@@ -11,11 +11,13 @@ Threading: see `backend.py`; this class keeps no mutable state of its own.
 
 from __future__ import annotations
 
+import contextlib
 from abc import abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from radixlm.interpreter.backend import Backend, MetaInfo
+from radixlm.interpreter.cancel import current_scope
 from radixlm.interpreter.logprob_select import select_by_logprobs
 from radixlm.lang.choices import ChoicesDecision, ChoicesSamplingMethod
 from radixlm.lang.sampling import SamplingParams
@@ -44,24 +46,38 @@ class NativeBackend(Backend):
         sampling, extra = params.to_native()
         return {"text": text, "sampling_params": sampling, **extra}
 
+    @contextlib.contextmanager
+    def _scoped(self, payload: Payload) -> Iterator[Payload]:
+        """Tag the request with a rid of the current `RequestScope` (cancel.py), if any, so that
+        Ctrl-C in `run` / `run_batch` can abort it."""
+        scope = current_scope()
+        if scope is None:
+            yield payload
+            return
+        rid = scope.begin(self)
+        try:
+            yield {**payload, "rid": rid}
+        finally:
+            scope.end(rid)
+
     def generate(self, text: str, params: SamplingParams) -> tuple[str, MetaInfo]:
-        out = self._request(self._payload(text, params))
+        with self._scoped(self._payload(text, params)) as payload:
+            out = self._request(payload)
         assert isinstance(out, dict)
         return out["text"], out["meta_info"]
 
     def generate_stream(self, text: str, params: SamplingParams) -> Iterator[tuple[str, MetaInfo]]:
-        payload = self._payload(text, params)
-        payload["stream"] = True
-        emitted = ""
-        for chunk in self._request_stream(payload):
-            full = chunk["text"]
-            # NOTE: cumulative text only grows; anything else would mean the runtime retracted
-            # text it already streamed, which the interpreter cannot un-append.
-            if full.startswith(emitted):
-                delta, emitted = full[len(emitted) :], full
-            else:
-                delta = ""
-            yield delta, chunk["meta_info"]
+        with self._scoped({**self._payload(text, params), "stream": True}) as payload:
+            emitted = ""
+            for chunk in self._request_stream(payload):
+                full = chunk["text"]
+                # NOTE: cumulative text only grows; anything else would mean the runtime retracted
+                # text it already streamed, which the interpreter cannot un-append.
+                if full.startswith(emitted):
+                    delta, emitted = full[len(emitted) :], full
+                else:
+                    delta = ""
+                yield delta, chunk["meta_info"]
 
     def select(
         self,

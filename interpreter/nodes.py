@@ -50,7 +50,7 @@ class NodeRunner:
     variable_event: dict[str, threading.Event]
     _cur_role: str | None
     _cur_role_begin_pos: int
-    _scope_start: dict[str, int]
+    _scope_start: dict[str, list[int]]  # NOTE: a stack per name: scopes of one name may nest
 
     def _changed(self) -> None:
         raise NotImplementedError
@@ -76,9 +76,12 @@ class NodeRunner:
         elif isinstance(node, Variable):
             self._fill(str(self.get_var(node.name)), "text")
         elif isinstance(node, VarScopeBegin):
-            self._scope_start[node.name] = len(self.text_)
+            self._scope_start.setdefault(node.name, []).append(len(self.text_))
         elif isinstance(node, VarScopeEnd):
-            start = self._scope_start.pop(node.name)
+            starts = self._scope_start[node.name]
+            start = starts.pop()
+            if not starts:
+                del self._scope_start[node.name]
             self._set_result(node.name, self.text_[start:], None)
         elif isinstance(node, CommitLazy):
             if self.text_:

@@ -8,23 +8,32 @@ Errors: in `run`, an exception raised by the program's code propagates unchanged
 is the program's own), and a failure in the executor (e.g. the backend rejecting a `gen`) is
 raised as a `ProgramError` naming the program line that appended the failing expression. In
 `run_batch` nothing is raised: each failed program's state holds its error (`state.error()`),
-reading one of its missing variables raises it, and the other programs run to completion.
+reading one of its missing variables raises it, and the other programs run to completion (a
+failed precache of the shared prefix is no exception: the programs then run without it).
+
+Ctrl-C (KeyboardInterrupt) in `run` or `run_batch` aborts the requests the programs have in
+flight (`cancel.py`'s `RequestScope`) and re-raises at once; their later requests never start.
+Leaving a `generator_style` batch early (closing it) aborts the programs still running the same way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from radixlm.interpreter.cancel import RequestScope
 from radixlm.interpreter.config import global_config, resolve_backend
 from radixlm.interpreter.executor import StreamExecutor
 from radixlm.interpreter.state import ProgramState
 from radixlm.lang.sampling import SamplingParams
 from radixlm.lang.tracer import extract_prefix_by_tracing
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from radixlm.interpreter.backend import Backend
@@ -60,18 +69,26 @@ def run_program(
     *,
     stream: bool = False,
 ) -> ProgramState:
-    state = _new_state(function, resolve_backend(backend), defaults, stream)
+    scope = RequestScope()
+    with scope.active():
+        state = _new_state(function, resolve_backend(backend), defaults, stream)
+    state.request_scope = scope  # NOTE: Ctrl-C in `text_iter` of a streamed run cancels it
     if stream:
 
         def target() -> None:
             # The error is recorded on the state; text_iter() raises it.
-            with contextlib.suppress(BaseException):
+            with contextlib.suppress(BaseException), scope.active():
                 _call(state, function, args, kwargs)
 
         threading.Thread(target=target, name="radixlm-program", daemon=True).start()
         return state
-    _call(state, function, args, kwargs)
-    state.executor.sync()
+    try:
+        with scope.active():
+            _call(state, function, args, kwargs)
+        state.executor.sync()
+    except KeyboardInterrupt:
+        scope.cancel()  # NOTE: Ctrl-C aborts the program's requests, as Engine.generate does
+        raise
     state.executor.raise_if_failed()
     return state
 
@@ -98,12 +115,17 @@ def _num_threads(num_threads: int | str, n: int) -> int:
 
 
 def _run_one(
-    function: Function, backend: Backend, kwargs: Mapping[str, Any], defaults: SamplingParams
+    function: Function,
+    backend: Backend,
+    kwargs: Mapping[str, Any],
+    defaults: SamplingParams,
+    scope: RequestScope,
 ) -> ProgramState:
-    state = _new_state(function, backend, defaults, False)
-    # The error is kept on the state: one failing program must not stop the batch.
-    with contextlib.suppress(Exception):
-        _call(state, function, (), kwargs)
+    with scope.active():
+        state = _new_state(function, backend, defaults, False)
+        # The error is kept on the state: one failing program must not stop the batch.
+        with contextlib.suppress(Exception):
+            _call(state, function, (), kwargs)
     state.executor.sync()
     return state
 
@@ -123,7 +145,10 @@ def run_program_batch(
     if precache is None:
         precache = global_config.enable_precache_with_tracing
     if precache and len(batch_kwargs) > 1:
-        cache_program(function, backend)
+        try:
+            cache_program(function, backend)
+        except Exception:  # NOTE: never raised: each program meets the failure on its state
+            logger.debug("precaching the shared prefix failed; running without", exc_info=True)
     if not batch_kwargs:
         return iter(()) if generator_style else []
     it = _run_batch(
@@ -150,16 +175,27 @@ def _run_batch(
         from tqdm import tqdm
 
         pbar = tqdm(total=len(batch_kwargs), desc=function.__name__)
+    scope = RequestScope()
+    pool = ThreadPoolExecutor(num_threads, thread_name_prefix="radixlm-batch")
+    interrupted = False
     try:
-        with ThreadPoolExecutor(num_threads, thread_name_prefix="radixlm-batch") as pool:
-            futures: list[Future[ProgramState]] = []
-            for kwargs in batch_kwargs:
-                future = pool.submit(_run_one, function, backend, kwargs, defaults)
-                if pbar is not None:
-                    future.add_done_callback(lambda _f: pbar.update())
-                futures.append(future)
-            for future in futures:
-                yield future.result()
+        futures: list[Future[ProgramState]] = []
+        for kwargs in batch_kwargs:
+            future = pool.submit(_run_one, function, backend, kwargs, defaults, scope)
+            if pbar is not None:
+                future.add_done_callback(lambda _f: pbar.update())
+            futures.append(future)
+        for future in futures:
+            yield future.result()
+    except BaseException:  # Ctrl-C, or GeneratorExit: the consumer left a generator_style batch
+        # NOTE: surface at once: abort the batch's requests, drop the programs not started, and
+        # do not wait for the pool (its threads end as their aborted requests return).
+        interrupted = True
+        scope.cancel()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
     finally:
+        if not interrupted:
+            pool.shutdown(wait=True)
         if pbar is not None:
             pbar.close()

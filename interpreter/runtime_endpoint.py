@@ -219,12 +219,18 @@ class RuntimeEndpoint(NativeBackend):
 
     # ---- server operations -----------------------------------------------------------------
 
-    def flush_cache(self) -> None:
-        """Drop the server's prefix cache. A server busy with requests refuses (a warning)."""
+    def flush_cache(self) -> bool:
+        """Drop the server's prefix cache. A server busy with requests refuses: False and a
+        warning."""
         try:
             self._call("POST", "/flush_cache", {"empty_cache": True})
         except EndpointRequestError as e:  # 400: requests are running (SGLang's answer too)
-            warnings.warn(f"cache not flushed: {e.message}", stacklevel=2)
+            warnings.warn(f"cache not flushed: {e.message}", stacklevel=3)
+            return False
+        return True
+
+    def abort_request(self, rid: str) -> None:
+        self._call("POST", "/abort_request", {"rid": rid})
 
     def get_server_info(self) -> dict[str, Any]:
         return self._call("GET", "/get_server_info")

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from radixlm.interpreter.cancel import RequestScope
 from radixlm.interpreter.executor import StreamExecutor
 from radixlm.interpreter.spans import SubmitSite
 from radixlm.lang.ir import ConcatAndAppend, Expr, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd
@@ -24,6 +25,8 @@ class ProgramState:
     def __init__(self, executor: StreamExecutor) -> None:
         self.executor = executor
         self.ret_value: Any = None
+        # The requests of `run(stream=True)`: Ctrl-C while reading `text_iter` aborts them.
+        self.request_scope: RequestScope | None = None
 
     @property
     def stream_executor(self) -> StreamExecutor:  # SGLang's attribute name
@@ -125,15 +128,22 @@ class ProgramState:
         if not exe.stream:
             yield self.text() if var_name is None else str(self.get_var(var_name))
             return
-        seen, version = 0, -1
-        while True:
-            version = exe.wait_change(version)
-            current, done = self._current(var_name)
-            if current is not None and len(current) > seen:
-                yield current[seen:]
-                seen = len(current)
-            if done:
-                break
+        try:
+            if var_name is not None:
+                exe.require_var(var_name)  # NOTE: waits while the program may still append it
+            seen, version = 0, -1
+            while True:
+                version = exe.wait_change(version)
+                current, done = self._current(var_name)
+                if current is not None and len(current) > seen:
+                    yield current[seen:]
+                    seen = len(current)
+                if done:
+                    break
+        except KeyboardInterrupt:
+            if self.request_scope is not None:
+                self.request_scope.cancel()  # Ctrl-C aborts the streamed program's requests
+            raise
         exe.raise_if_failed()
 
     async def text_async_iter(
@@ -142,6 +152,8 @@ class ProgramState:
         """`text_iter` for asyncio code (waits in a thread, never blocks the event loop)."""
         loop = asyncio.get_running_loop()
         exe = self.executor
+        if var_name is not None:
+            await loop.run_in_executor(None, exe.require_var, var_name)
         if not exe.stream:
             value = await loop.run_in_executor(
                 None, lambda: self.text() if var_name is None else str(self.get_var(var_name))
@@ -246,4 +258,7 @@ class ProgramStateGroup:
         else:
             raise ValueError(f"unknown join mode {mode!r} (gather_variable | concate_and_append)")
         for state in self.states:
-            state.executor.end()
+            state.executor.end(
+                "this fork was joined: it takes no more expressions (append to the state it was"
+                " forked from, or fork again)"
+            )

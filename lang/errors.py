@@ -34,3 +34,11 @@ class ProgramError(LangError, RuntimeError):
 
 class ChatTemplateError(LangError, ValueError):
     """A chat template could not be rendered or split into per-role prefixes and suffixes."""
+
+
+class VariableNotFoundError(LangError, KeyError):
+    """A program state has no variable of that name (`s["x"]`, `text_iter("x")`,
+    `get_meta_info("x")`). Derives from `KeyError`, which such reads raised before."""
+
+    def __str__(self) -> str:  # NOTE: KeyError's own str() would quote the message
+        return str(self.args[0]) if self.args else ""

@@ -118,6 +118,8 @@ class _SyncStream(Iterator[dict]):
         if pending is not None and not pending.done():
             pending.cancel()  # NOTE: cancelling the read closes the async stream (it aborts)
             return
+        if pending is not None and pending.cancelled():
+            return  # an interrupted read: its cancellation closes the async stream
         with contextlib.suppress(RequestAbortedError):
             self._engine._live_loop().submit(self._agen.aclose())
 

@@ -100,8 +100,12 @@ def expand_request(
         subs = []
         for k in range(n):
             sub_sp = dict(sp)
-            if n > 1 and isinstance(sub_sp.get("seed"), int):
-                sub_sp["seed"] = sub_sp["seed"] + k
+            seed = sub_sp.get("seed")
+            if n > 1 and isinstance(seed, int) and not isinstance(seed, bool):
+                # NOTE: wraps within int64, so every seed valid for n = 1 stays valid.
+                sub_sp["seed"] = (
+                    (seed + k + 2**63) % 2**64 - 2**63 if -(2**63) <= seed < 2**63 else seed
+                )
             sub_rid = rids[i] if n == 1 else (f"{rids[i]}-{k}" if rids[i] else None)
             subs.append(
                 GenerateInput(

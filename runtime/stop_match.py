@@ -44,7 +44,12 @@ class StopChecker:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        self.special_ids = frozenset(getattr(tokenizer, "all_special_ids", ()) or ())
+        added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+        special = set(getattr(tokenizer, "all_special_ids", ()) or ())
+        special.update(i for i, tok in added.items() if getattr(tok, "special", False))
+        self.special_ids = frozenset(special)  # what skip_special_tokens drops
+        texts = tokenizer.convert_ids_to_tokens(sorted(special)) if special else []
+        self.special_texts = tuple(t for t in texts if t)
 
     def window_start(self, ids: list[int], nbytes: int) -> int:
         """Start of the tail window: the last token plus `nbytes` non-special tokens before it.
@@ -63,7 +68,20 @@ class StopChecker:
     def match(
         self, ids: list[int], stops: list[str], nbytes: int, skip_special: bool, spaces: bool
     ) -> str | None:
-        """The stop string that the last token of `ids` completes, or None."""
+        """The stop string that the last token of `ids` completes, or None.
+
+        NOTE: a stop string that spells a special token (e.g. the chat template's `<|im_end|>`)
+        cannot be in the visible text: it is matched on the text with special tokens."""
+        found = self._match(ids, stops, nbytes, skip_special, spaces)
+        if found is None and skip_special:
+            raw = [s for s in stops if any(t in s for t in self.special_texts)]
+            if raw:
+                found = self._match(ids, raw, max_stop_bytes(raw), False, spaces)
+        return found
+
+    def _match(
+        self, ids: list[int], stops: list[str], nbytes: int, skip_special: bool, spaces: bool
+    ) -> str | None:
         if not stops or not ids:
             return None
         start = self.window_start(ids, nbytes)

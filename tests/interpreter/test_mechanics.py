@@ -304,3 +304,48 @@ def test_nested_roles_fail_clearly(fake):
 
     with pytest.raises(ProgramError, match="inside a 'user' message"):
         prog.run(backend=fake)
+
+
+def test_writing_to_a_joined_fork_says_it_was_joined(fake):
+    @rl.function
+    def prog(s):
+        s += "start "
+        forks = s.fork(2)
+        forks += rl.gen("x", max_tokens=2)
+        forks.join()
+        forks[0] += "late"
+
+    with pytest.raises(LangError, match="joined") as err:
+        prog.run(backend=fake)
+    assert "finished" not in str(err.value)  # the program was still running
+
+
+def test_nested_var_scopes_of_one_name(fake):
+    @rl.function
+    def prog(s):
+        with s.var_scope("x"):
+            s += "a "
+            with s.var_scope("x"):
+                s += "b"
+            s["inner"] = s["x"]
+            s += " c"
+
+    state = prog.run(backend=fake)
+    assert state["inner"] == "b" and state["x"] == "a b c"
+
+
+def test_unknown_variable_in_text_iter_and_get_meta_info_is_named(make_fake):
+    backend = make_fake(reply=lambda t, p: "hi", delay=0.01)
+
+    @rl.function
+    def prog(s):
+        s += "Say:" + rl.gen("answer")
+
+    for stream in (False, True):
+        state = prog.run(backend=backend, stream=stream)
+        with pytest.raises(KeyError, match="no_such_var") as err:
+            list(state.text_iter("no_such_var"))
+        assert isinstance(err.value, LangError)
+        with pytest.raises(KeyError, match="no_such_var"):
+            state.get_meta_info("no_such_var")
+        assert state.get_meta_info("answer") is not None and state["answer"] == "hi"

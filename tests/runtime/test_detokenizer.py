@@ -112,3 +112,13 @@ def test_stop_check_sees_the_text_without_special_tokens(tokenizer) -> None:
     assert tokenizer.decode(ids[:n], skip_special_tokens=True) == "It is 53.\n"
     # Shown with its special tokens, the text has no "53.\n": no match.
     assert _first_stop(checker, ids, ["53.\n"], skip_special=False) is None
+
+
+def test_a_stop_spelling_a_special_token_still_matches(tokenizer) -> None:
+    """The chat template's stop `<|im_end|>` is not in the visible text; it still stops."""
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    ids = [*tokenizer.encode("Fine."), end, *tokenizer.encode("\nMore")]
+    n, stop = _first_stop(StopChecker(tokenizer), ids, ["<|im_end|>"])
+    assert (n, stop) == (len(tokenizer.encode("Fine.")) + 1, "<|im_end|>")
+    out = _out("sp", ids[:n], True, {"type": "stop", "matched": stop}, True, [stop])
+    assert Detokenizer(tokenizer).process(out).text_delta == "Fine."

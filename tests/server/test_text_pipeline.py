@@ -121,6 +121,9 @@ def test_negative_seed_is_accepted_and_reproducible(client):
     a = client.completions.create(seed=-7, **kwargs).choices[0].text
     assert a == client.completions.create(seed=-7, **kwargs).choices[0].text
     assert client.completions.create(seed=-(2**63), **kwargs).choices[0].finish_reason == "length"
+    # n > 1 seeds its samples seed, seed + 1, ...: wrapped within int64, never refused.
+    top = client.completions.create(seed=2**63 - 1, n=2, **kwargs)
+    assert [c.finish_reason for c in top.choices] == ["length", "length"]
 
 
 def test_stream_options_without_stream_is_rejected(client):
