@@ -23,6 +23,7 @@ import zmq
 import zmq.asyncio
 
 from radixlm.runtime import io
+from radixlm.runtime.constrained.llguidance_specs import check_sampling_params_llguidance
 from radixlm.runtime.constrained.patterns import check_sampling_params
 from radixlm.runtime.errors import (
     EngineDeadError,
@@ -143,12 +144,15 @@ class TokenizerManager:
             raise EngineDeadError(self.dead)
         sp = SamplingParams.from_dict(req.sampling_params, self.vocab_size)
         # Constraints (regex / JSON schema / choices) fail here, before anything is sent.
-        check_sampling_params(sp, self.args.constrained_json_whitespace_pattern)
-        # NOTE: after the syntax checks; bounds the automaton (regex_guard)
-        if sp.regex:
-            check_regex_size(sp.regex)
-        if sp.json_schema:
-            check_schema_patterns(sp.json_schema)
+        if self.args.grammar_backend == "llguidance":
+            check_sampling_params_llguidance(sp, self.args.constrained_json_whitespace_pattern)
+        else:
+            check_sampling_params(sp, self.args.constrained_json_whitespace_pattern)
+            # NOTE: after the syntax checks; bounds the automaton (regex_guard)
+            if sp.regex:
+                check_regex_size(sp.regex)
+            if sp.json_schema:
+                check_schema_patterns(sp.json_schema)
         if req.input_ids is not None:
             ids = req.input_ids
             if not isinstance(ids, list) or not all(
@@ -178,6 +182,10 @@ class TokenizerManager:
         )
         if sp.stop and self.tokenizer is None:
             raise InvalidRequestError("stop strings need a tokenizer (skip_tokenizer_init)", "stop")
+        if sp.stop_regex and self.tokenizer is None:
+            raise InvalidRequestError(
+                "stop_regex needs a tokenizer (skip_tokenizer_init)", "stop_regex"
+            )
         lsl = req.logprob_start_len
         if lsl is not None and (not isinstance(lsl, int) or lsl < -1 or lsl >= len(ids)):
             raise InvalidRequestError(
