@@ -1,5 +1,5 @@
-"""What docs/constrained.md lists, keyword by keyword: `$ref` to `#/definitions/...` (a recursive
-`$ref` such as `#` inside the root is refused),
+"""What docs/constrained.md lists, keyword by keyword: `$ref` to `#/definitions/...` (and to `#`:
+a cycle, refused by name),
 `prefixItems`, a one-element `allOf`, the `time` / `ipv4` / `uri` formats, draft 4's boolean
 `exclusiveMinimum` / `exclusiveMaximum` (with or without `$schema`), every keyword listed as
 rejected, `finish_reason.matched`, and `constrained_json_whitespace_pattern`. First against the

@@ -6,12 +6,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
-import time
 
 import pytest
 
 from radixlm.runtime.errors import InvalidRequestError
-from tests_helpers import get_engine, pid_alive, release_engine, wait_idle_and_check
+from tests_helpers import get_engine, pid_alive, release_engine, wait_idle_and_check, wait_until
 
 GREEDY = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
 PROMPT = "The three most important inventions in history are"
@@ -266,10 +265,7 @@ def test_token_ids_only_engine_with_dummy_weights() -> None:
         with pytest.raises(InvalidRequestError):
             eng.generate("text needs a tokenizer")
         pids = [eng.get_server_info()[f"{role}_pid"] for role in ("scheduler", "detokenizer")]
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
-        time.sleep(0.1)
-    assert not any(pid_alive(p) for p in pids)
+    wait_until(lambda: not any(pid_alive(p) for p in pids), "the engine's children to exit")
 
 
 def test_engine_arguments_are_checked() -> None:

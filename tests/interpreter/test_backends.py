@@ -271,12 +271,26 @@ def _gen_mid_turn(s):
     s += rl.assistant_begin() + "Sure, " + rl.gen("x", max_tokens=4) + rl.assistant_end()
 
 
+def _option(**kwargs):
+    def body(s):
+        s += rl.user("A word?")
+        s += rl.assistant(rl.gen("x", max_tokens=4, **kwargs))
+
+    body.__name__ = "_" + next(iter(kwargs))
+    return body
+
+
 UNSUPPORTED = [  # (program body, what the error message must name)
     (_select, "select()"),
     (_gen_choices, "select()"),
     (_regex, "regex="),
     (_gen_int, "dtype=int"),
     (_top_k, "top_k="),
+    (_option(min_tokens=2), "min_tokens="),
+    (_option(stop_token_ids=[5]), "stop_token_ids="),
+    (_option(ignore_eos=True), "ignore_eos="),
+    (_option(min_p=0.1), "min_p="),
+    (_option(return_logprob=True, logprob_start_len=0), "logprob_start_len="),
     (_gen_in_user_message, "inside a user message"),
     (_gen_outside_messages, "outside any message"),
     (_text_outside_messages, "text outside any message ('Context: the sky is blue.')"),

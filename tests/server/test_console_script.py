@@ -1,7 +1,8 @@
 """The server as a user starts it: the `radixlm serve` console script of the environment (not
 `launch_server` imported by the tests), on the tiny model. It checks what docs/server.md promises
 about that process: `--served-model-name`, `PUT /generate`, a request log line per request that
-never holds prompt text, `/flush_cache` refused while busy, SIGINT draining and a second signal
+never holds prompt text, `/flush_cache` refused while busy, `/abort_request` by the rid of an
+`n > 1` request ending its `rid-k` sub-requests, SIGINT draining and a second signal
 aborting at once (exit code 0, no child left), and children that exit on their own when the
 server is killed."""
 
@@ -92,6 +93,29 @@ def test_flush_cache_is_refused_while_busy(server):
     assert results[-1] == "[DONE]" and results[-2]["meta_info"]["finish_reason"]["type"] == "abort"
     server.wait_idle_and_check_kv()
     assert server.client.post("/flush_cache").status_code == 200
+
+
+def test_abort_by_rid_reaches_the_n_sub_requests(server):
+    body = {"text": "Twins.", "rid": "twins", "stream": True,
+            "sampling_params": {**LONG, "n": 2}}  # fmt: skip
+    finals: dict[int, dict] = {}
+    aborted = False
+    with server.client.stream("POST", "/generate", json=body) as resp:
+        for event in sse_events(resp.iter_lines()):
+            if event == "[DONE]":
+                break
+            if not aborted:  # the sub-requests twins-0 and twins-1 run: abort by the parent rid
+                wait_until(lambda: server.info()["num_running"] == 2, "both sub-requests running")
+                assert (
+                    server.client.post("/abort_request", json={"rid": "twins"}).status_code == 200
+                )
+                aborted = True
+            if event["meta_info"]["finish_reason"] is not None:
+                finals[event["index"]] = event["meta_info"]
+    assert sorted(finals) == [0, 1]
+    for meta in finals.values():
+        assert meta["finish_reason"]["type"] == "abort" and meta["completion_tokens"] < 30000
+    server.wait_idle_and_check_kv()
 
 
 def test_children_exit_when_the_server_is_killed(start_server, tiny_model_args):

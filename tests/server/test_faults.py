@@ -155,8 +155,22 @@ def test_dead_scheduler_is_reported_and_nothing_hangs(server, metric_value):
     new = server.client.post("/generate", json={"text": "Hi"})
     assert new.status_code == 503 and "scheduler" in new.json()["error"]["message"]
     assert metric_value(server.client.get("/metrics").text, "radixlm:engine_healthy") == 0.0
+    assert server.client.get("/health_generate").status_code == 503
     assert server.stop() == 0
     assert not pid_alive(info["detokenizer_pid"]) and not pid_alive(info["scheduler_pid"])
+
+
+def test_dead_detokenizer_is_reported_like_a_dead_scheduler(start_server, tiny_model_args):
+    server = start_server(*tiny_model_args)
+    info = server.info()
+    os.kill(info["detokenizer_pid"], signal.SIGKILL)
+    wait_until(lambda: httpx.get(server.base_url + "/health").status_code == 503, "/health 503")
+    new = server.client.post("/generate", json={"text": "Hi"})
+    assert new.status_code == 503 and new.json()["error"]["code"] == "engine_dead", new.text
+    assert "detokenizer" in new.json()["error"]["message"]
+    assert server.client.get("/health_generate").status_code == 503
+    assert server.stop() == 0
+    assert not pid_alive(info["scheduler_pid"])
 
 
 def _mark(lines, event: threading.Event):

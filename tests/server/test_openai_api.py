@@ -249,3 +249,41 @@ def test_regex_extra_body(client):
     for choice in out.choices:
         assert choice.finish_reason == "stop", choice
         assert re.fullmatch(regex, choice.message.content), choice.message.content
+
+
+IGNORED_FIELDS = {
+    "user": "u-1", "metadata": {"k": "v"}, "store": False, "service_tier": "auto",
+    "prompt_cache_key": "k", "safety_identifier": "s", "priority": 1,
+    "parallel_tool_calls": True, "reasoning_effort": "low", "verbosity": "low",
+    "modalities": ["text"], "tool_choice": "none",
+}  # fmt: skip
+
+
+def test_accepted_and_ignored_fields_change_nothing(server):
+    base = {"model": "m", "messages": CHAT, "max_tokens": 8, "temperature": 0}
+    plain = server.client.post("/v1/chat/completions", json=base)
+    extra = server.client.post("/v1/chat/completions", json={**base, **IGNORED_FIELDS})
+    assert plain.status_code == 200 and extra.status_code == 200, extra.text
+    assert extra.json()["choices"][0]["message"] == plain.json()["choices"][0]["message"]
+    assert extra.json()["usage"]["prompt_tokens"] == plain.json()["usage"]["prompt_tokens"]
+
+
+def test_continue_final_message_and_chat_template_kwargs(server):
+    """The last assistant message is continued (no end-of-turn, no new assistant header): the
+    same tokens as the native API on the template's text ending in that message."""
+    partial = "The three fruits are"
+    messages = [*CHAT, {"role": "assistant", "content": partial}]
+    body = {"model": "m", "messages": messages, "max_tokens": 8, "temperature": 0,
+            "continue_final_message": True, "chat_template_kwargs": {"unused_flag": True}}  # fmt: skip
+    chat = server.client.post("/v1/chat/completions", json=body)
+    assert chat.status_code == 200, chat.text
+    text = (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+        f"<|im_end|>\n<|im_start|>user\n{CHAT[0]['content']}<|im_end|>\n<|im_start|>assistant\n"
+        + partial
+    )
+    native = server.client.post(
+        "/generate", json={"text": text, "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+    ).json()
+    assert chat.json()["choices"][0]["message"]["content"] == native["text"]
+    assert chat.json()["usage"]["prompt_tokens"] == native["meta_info"]["prompt_tokens"]
