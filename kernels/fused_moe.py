@@ -64,7 +64,9 @@ def align_pairs(
     `[L / block_m]` int32 (-1: unused block))."""
     flat = topk_ids.reshape(-1).to(torch.int64)
     n = flat.numel()
-    counts = torch.bincount(flat, minlength=num_experts)
+    # NOTE: scatter_add, not bincount (which syncs with the host on CUDA): graph-capturable.
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
     ends = torch.cumsum(padded, 0)
     starts = ends - padded
