@@ -94,14 +94,14 @@ TINY: dict[str, dict[str, Any]] = {
 }
 
 
-def save_tiny(name: str, path: str) -> Any:
+def save_tiny(name: str, path: str, **overrides: Any) -> Any:
     """Build the tiny `name` model with transformers (seeded), perturb its norms (HF initialises
     them to a constant) and save it to `path`; returns the fp32 transformers model."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
-    cfg = dict(TINY[name])
+    cfg = {**TINY[name], **overrides}
     config = AutoConfig.for_model(**cfg)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():
