@@ -1,11 +1,12 @@
 """Every registered architecture's forward against transformers on its tiny model: all-position
-logits of one prompt (the torch attention backend, CPU, fp32)."""
+logits of one prompt (the torch attention backend, CPU, fp32); also Mistral and Qwen2 with their
+sliding windows enabled (the prompt is longer than the window)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import TINY, save_tiny
+from tiny_models import TINY, WINDOWED, save_tiny
 
 from radixlm.runtime.model_runner import ModelRunner
 from radixlm.runtime.models.loader import resolve_model
@@ -15,7 +16,7 @@ from tests_helpers import runner_logits
 IDS = [1, 5, 17, 250, 3, 99, 42, 7, 7, 7, 128, 64, 11, 2, 3, 255, 0, 9, 31, 200]
 
 
-@pytest.mark.parametrize("name", list(TINY))
+@pytest.mark.parametrize("name", [*TINY, *WINDOWED])
 def test_logits_match_transformers(tmp_path, name) -> None:
     hf = save_tiny(name, str(tmp_path))
     with torch.no_grad():
