@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -146,6 +147,32 @@ class GemmaForCausalLM(DecoderForCausalLM):
         cap = self.config.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        super().load_weights(_text_decoder(weights))
+
     def extra_layer_weight_count(self) -> int:
         # pre/post feed-forward norms (+ q/k norms in Gemma 3)
         return 2 if self.config.model_type == "gemma2" else 4
+
+
+_VISION = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.")
+_TEXT_PREFIXES = (
+    ("language_model.model.", "model."),  # transformers 4 image-text checkpoints
+    ("model.language_model.", "model."),  # transformers 5
+    ("language_model.lm_head.", "lm_head."),
+)
+
+
+def _text_decoder(
+    weights: Iterable[tuple[str, torch.Tensor]],
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """A Gemma 3 image-text checkpoint's text decoder under causal-LM names (the vision tower
+    and projector dropped); a text-only checkpoint passes unchanged."""
+    for name, tensor in weights:
+        if name.startswith(_VISION) or name.startswith("model.multi_modal_projector."):
+            continue
+        for old, new in _TEXT_PREFIXES:
+            if name.startswith(old):
+                name = new + name[len(old) :]
+                break
+        yield name, tensor

@@ -203,7 +203,7 @@ def _iter_dummy(
             yield p + "self_attn.q_proj.bias", rand(cfg.q_size)
             yield p + "self_attn.k_proj.bias", rand(cfg.kv_size)
             yield p + "self_attn.v_proj.bias", rand(cfg.kv_size)
-        if mt in ("qwen3", "qwen3_moe", "gemma3_text"):  # qk-norm
+        if mt in ("qwen3", "qwen3_moe", "gemma3_text", "gemma3"):  # qk-norm
             yield p + "self_attn.q_norm.weight", norm(cfg.head_dim)
             yield p + "self_attn.k_norm.weight", norm(cfg.head_dim)
         yield p + "self_attn.o_proj.weight", rand(h, cfg.q_size)

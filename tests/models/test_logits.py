@@ -24,3 +24,34 @@ def test_logits_match_transformers(tmp_path, name) -> None:
     args = ServerArgs(model_path=str(tmp_path), max_total_tokens=256, max_running_requests=2)
     ours = runner_logits(ModelRunner(args, resolve_model(str(tmp_path))), IDS)
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_gemma3_image_text_checkpoint_runs_its_text_decoder(tmp_path) -> None:
+    """Gemma 3 4B/12B/27B ship as `Gemma3ForConditionalGeneration` (text + vision): radixlm
+    loads the text decoder (vision weights skipped) and matches transformers on text input."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    text = {k: v for k, v in TINY["gemma3"].items() if k not in ("architectures", "model_type")}
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
+    vision.update(num_attention_heads=2, image_size=28, patch_size=14)
+    cfg = Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=4,
+        image_token_index=255,
+        boi_token_index=253,
+        eoi_token_index=254,
+    )
+    torch.manual_seed(0)
+    hf = Gemma3ForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        for pname, p in hf.named_parameters():
+            p.add_(torch.randn_like(p) * (0.1 if "norm" in pname else 0.05))
+    hf.save_pretrained(tmp_path)
+    with torch.no_grad():
+        ref = hf(input_ids=torch.tensor([IDS[:-5]])).logits[0]
+    args = ServerArgs(model_path=str(tmp_path), max_total_tokens=256, max_running_requests=2)
+    source = resolve_model(str(tmp_path))
+    assert source.config.architecture == "Gemma3ForConditionalGeneration"
+    ours = runner_logits(ModelRunner(args, source), IDS[:-5])
+    torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
