@@ -9,6 +9,8 @@ attention.sliding_window_pattern (an int period or one bool per layer), rope.fre
 Gemma 2: attn_logit_softcapping, final_logit_softcapping; rope.scaling.{type,factor,
 original_context_length,attn_factor}; Phi-3's LongRoPE factors are the tensors
 `rope_factors_{long,short}.weight`.
+Mixtral comes as `general.architecture = llama` with `llama.expert_count` (and llama's q/k rows
+interleaved for its rotary layout, undone here as for Llama).
 Tensors: llama.cpp stores Gemma's norms as `1 + w` (its converter adds 1): they are read back as w;
 experts as 3-D `ffn_{gate,up,down}_exps` `[E, rows, cols]`, yielded per expert; Phi-3's fused
 `attn_qkv` and `ffn_up` (gate and up) as they are.
@@ -54,8 +56,10 @@ _EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_ex
 
 def gguf_arch_config(gguf: GGUFFile) -> ModelConfig:
     arch = gguf.architecture
-    name = arch_from_gguf(arch)
     md = gguf.metadata
+    # NOTE: llama.cpp writes Mixtral as a `llama` with experts
+    mixtral = arch == "llama" and bool(md.get("llama.expert_count"))
+    name = "MixtralForCausalLM" if mixtral else arch_from_gguf(arch)
 
     def get(key: str, default: Any = None) -> Any:
         return md.get(f"{arch}.{key}", default)
@@ -86,7 +90,9 @@ def gguf_arch_config(gguf: GGUFFile) -> ModelConfig:
         cfg.update(
             num_experts=int(get("expert_count")),
             num_experts_per_tok=int(get("expert_used_count")),
-            moe_intermediate_size=int(get("expert_feed_forward_length")),
+            moe_intermediate_size=int(
+                get("expert_feed_forward_length") or get("feed_forward_length")
+            ),
             norm_topk_prob=bool(get("expert_weights_norm", True)),
         )
         cfg["intermediate_size"] = cfg["intermediate_size"] or cfg["moe_intermediate_size"]
@@ -136,6 +142,7 @@ def iter_gguf_arch(gguf: GGUFFile, cfg: ModelConfig) -> Iterator[tuple[str, torc
     gemma = gguf.architecture in ("gemma2", "gemma3")
     names = _GEMMA if gemma else _COMMON
     phi3 = gguf.architecture == "phi3"
+    permute = gguf.architecture == "llama"  # Mixtral: llama.cpp's interleaved q/k rows
     for name, tensor in gguf.tensors.items():
         if name.startswith("rope_"):
             continue
@@ -154,6 +161,11 @@ def iter_gguf_arch(gguf: GGUFFile, cfg: ModelConfig) -> Iterator[tuple[str, torc
             if part in _EXPERTS:
                 for e in range(data.shape[0]):
                     yield f"{prefix}mlp.experts.{e}.{_EXPERTS[part]}.{kind}", data[e]
+            elif permute and part in ("attn_q", "attn_k") and kind == "weight":
+                from radixlm.runtime.models.loader import _unpermute
+
+                heads = cfg.num_attention_heads if part == "attn_q" else cfg.num_key_value_heads
+                yield f"{prefix}{names[part]}.{kind}", _unpermute(data, heads)
             elif phi3 and part == "ffn_up":  # gate and up fused
                 yield f"{prefix}mlp.gate_up_proj.{kind}", data
             else:

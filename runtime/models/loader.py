@@ -75,7 +75,8 @@ _GGUF_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
 def gguf_config(gguf: GGUFFile) -> ModelConfig:
     arch = gguf.architecture
-    if arch not in _GGUF_ARCH:  # the other registered architectures (registry.py)
+    # the other registered architectures (registry.py), Mixtral (a llama with experts) included
+    if arch not in _GGUF_ARCH or gguf.metadata.get(f"{arch}.expert_count"):
         from radixlm.runtime.models.gguf_arch import gguf_arch_config
 
         return gguf_arch_config(gguf)
@@ -123,7 +124,7 @@ _GGUF_NAMES = {
 
 
 def _iter_gguf(gguf: GGUFFile, cfg: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
-    if gguf.architecture not in _GGUF_ARCH:
+    if gguf.architecture not in _GGUF_ARCH or cfg.num_experts:
         from radixlm.runtime.models.gguf_arch import iter_gguf_arch
 
         yield from iter_gguf_arch(gguf, cfg)

@@ -23,7 +23,15 @@ ARCH = {
     "gemma2": gguf.MODEL_ARCH.GEMMA2,
     "gemma3": gguf.MODEL_ARCH.GEMMA3,
     "phi3": gguf.MODEL_ARCH.PHI3,
+    "mixtral": gguf.MODEL_ARCH.LLAMA,  # llama.cpp: a llama with experts
 }
+
+
+def _permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's converter interleaves a llama's q/k rows (its rotary layout)."""
+    return (
+        w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    )
 
 
 def _write_gguf(model, name: str, path: str) -> None:
@@ -49,9 +57,13 @@ def _write_gguf(model, name: str, path: str) -> None:
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(rope["factor"])
     types = getattr(cfg, "layer_types", None)
-    if getattr(cfg, "sliding_window", None) and types and "sliding_attention" in types:
-        w.add_sliding_window(cfg.sliding_window)
-        w.add_sliding_window_pattern([t == "sliding_attention" for t in types])
+    if getattr(cfg, "sliding_window", None) and (not types or "sliding_attention" in types):
+        w.add_sliding_window(cfg.sliding_window)  # without a pattern: every layer (Mixtral)
+        if types:
+            w.add_sliding_window_pattern([t == "sliding_attention" for t in types])
+    if name == "mixtral":
+        w.add_expert_count(cfg.num_local_experts)
+        w.add_expert_used_count(cfg.num_experts_per_tok)
     if name == "qwen3_moe":
         w.add_expert_count(cfg.num_experts)
         w.add_expert_used_count(cfg.num_experts_per_tok)
@@ -82,6 +94,10 @@ def _write_gguf(model, name: str, path: str) -> None:
             else:
                 experts[layer + "down_proj"] = data
             continue
+        if name == "mixtral" and key.endswith(("q_proj.weight", "k_proj.weight")):
+            data = _permute(
+                data, cfg.num_attention_heads if "q_proj" in key else cfg.num_key_value_heads
+            )
         w.add_tensor(tmap.get_name(key, try_suffixes=(".weight", ".bias")), data)
     for key, data in experts.items():  # llama.cpp's 3-D ffn_{gate,up,down}_exps
         w.add_tensor(tmap.get_name(key) + ".weight", np.ascontiguousarray(data))
