@@ -29,14 +29,17 @@ from radixlm.runtime.models.rotary import RotaryEmbedding
 
 class GemmaRMSNorm(RMSNorm):
     """`x / rms(x) * (1 + w)` in fp32, cast back to x's dtype; optionally adds the residual first
-    (returns `(out, sum)` then, like `RMSNorm`)."""
-
-    def __init__(self, size: int, eps: float, fused: bool = False) -> None:
-        super().__init__(size, eps, fused=False)
+    (returns `(out, sum)` then, like `RMSNorm`). `fused`: the Triton kernel (`unit_offset`)."""
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if self.fused:
+            from radixlm.kernels import rmsnorm
+
+            if residual is None:
+                return rmsnorm.rmsnorm(x, self.weight, self.eps, unit_offset=True)
+            return rmsnorm.fused_add_rmsnorm(x, residual, self.weight, self.eps, unit_offset=True)
         if residual is not None:
             x = x + residual
             residual = x
@@ -69,15 +72,15 @@ class GemmaMLP(nn.Module):
 
 
 class GemmaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, self_attn: nn.Module) -> None:
+    def __init__(self, config: ModelConfig, self_attn: nn.Module, fused: bool = False) -> None:
         super().__init__()
         h, eps = config.hidden_size, config.rms_norm_eps
         self.self_attn = self_attn
         self.mlp = GemmaMLP(config)
-        self.input_layernorm = GemmaRMSNorm(h, eps)
-        self.post_attention_layernorm = GemmaRMSNorm(h, eps)
-        self.pre_feedforward_layernorm = GemmaRMSNorm(h, eps)
-        self.post_feedforward_layernorm = GemmaRMSNorm(h, eps)
+        self.input_layernorm = GemmaRMSNorm(h, eps, fused)
+        self.post_attention_layernorm = GemmaRMSNorm(h, eps, fused)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(h, eps, fused)
+        self.post_feedforward_layernorm = GemmaRMSNorm(h, eps, fused)
 
     def forward(
         self,
@@ -112,7 +115,7 @@ class GemmaForCausalLM(DecoderForCausalLM):
         return GemmaEmbedding(config.vocab_size, config.hidden_size)
 
     def make_norm(self, config: ModelConfig, fused: bool) -> nn.Module:
-        return GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
+        return GemmaRMSNorm(config.hidden_size, config.rms_norm_eps, fused)
 
     def make_layer(
         self,
@@ -123,7 +126,7 @@ class GemmaForCausalLM(DecoderForCausalLM):
         device: torch.device,
     ) -> nn.Module:
         if config.model_type == "gemma2":
-            return GemmaDecoderLayer(config, LlamaAttention(config, layer_id))
+            return GemmaDecoderLayer(config, LlamaAttention(config, layer_id), fused)
         rotary = None
         if config.layer_window(layer_id) is not None and config.rope_local_theta is not None:
             local = dataclasses.replace(
@@ -132,8 +135,8 @@ class GemmaForCausalLM(DecoderForCausalLM):
             if self._local_rotary is None:
                 self._local_rotary = RotaryEmbedding(local, max_positions, device, fused)
             rotary = self._local_rotary
-        attn = QKNormAttention(config, layer_id, GemmaRMSNorm, rotary=rotary)
-        return GemmaDecoderLayer(config, attn)
+        attn = QKNormAttention(config, layer_id, GemmaRMSNorm, fused, rotary=rotary)
+        return GemmaDecoderLayer(config, attn, fused)
 
     def make_rotary(
         self, config: ModelConfig, max_positions: int, device: torch.device, fused: bool
