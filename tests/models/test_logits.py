@@ -55,3 +55,37 @@ def test_gemma3_image_text_checkpoint_runs_its_text_decoder(tmp_path) -> None:
     assert source.config.architecture == "Gemma3ForConditionalGeneration"
     ours = runner_logits(ModelRunner(args, source), IDS[:-5])
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["gemma3", "qwen3"])
+def test_gpu_model_path_in_the_interpreter(tmp_path, name) -> None:
+    """The model's GPU path run by Triton's interpreter: fused RMSNorms (Gemma's unit offset, the
+    qk-norms), the rotary embedding fused with the K/V store (Gemma 3's local-layer rotary too)
+    and the triton attention backend with windows, against transformers."""
+    import dataclasses
+
+    from radixlm.runtime.models.llama import RMSNorm
+    from radixlm.runtime.models.rotary import RotaryEmbedding
+
+    hf = save_tiny(name, str(tmp_path))
+    with torch.no_grad():
+        ref = hf(torch.tensor([IDS])).logits[0]
+    args = ServerArgs(
+        model_path=str(tmp_path),
+        max_total_tokens=256,
+        max_running_requests=2,
+        attention_backend="triton",
+    )
+    runner = ModelRunner(args, resolve_model(str(tmp_path)))
+    model, cfg = runner.model, runner.config
+    for module in model.modules():
+        if isinstance(module, RMSNorm):
+            module.fused = True
+    model.rotary = RotaryEmbedding(cfg, runner.context_len, runner.device, fused=True)
+    if cfg.rope_local_theta is not None:
+        local = dataclasses.replace(cfg, rope_theta=cfg.rope_local_theta, rope_scaling=None)
+        local_rotary = RotaryEmbedding(local, runner.context_len, runner.device, fused=True)
+        for layer in model.layers:
+            if layer.self_attn.rotary is not None:
+                layer.self_attn.rotary = local_rotary
+    torch.testing.assert_close(runner_logits(runner, IDS), ref, rtol=1e-4, atol=1e-4)
