@@ -117,7 +117,9 @@ def _moe_gemm_kernel(
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         pairs = tl.load(SortedPairs + offs_m)
         valid = pairs < num_pairs
-        rows = pairs // TOP_K if A_PER_TOKEN else pairs
+        rows = pairs
+        if A_PER_TOKEN:  # x: the pair's token row
+            rows = pairs // TOP_K
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         mask_n = offs_n < N
         offs_k = tl.arange(0, BLOCK_K)
@@ -142,7 +144,10 @@ def _moe_gemm_kernel(
         out_ty = Out.dtype.element_ty
         if GATED:  # silu(gate) * up, rounded like the torch expression in the output dtype
             g = acc.to(out_ty).to(tl.float32)
-            res = (g / (1.0 + tl.exp(-g))).to(out_ty) * acc_u.to(out_ty)
+            # NOTE: the product in fp32 of the two rounded factors, then rounded: what a 16-bit
+            # torch multiply does (and the interpreter cannot multiply bf16 itself).
+            act = (g / (1.0 + tl.exp(-g))).to(out_ty).to(tl.float32)
+            res = (act * acc_u.to(out_ty).to(tl.float32)).to(out_ty)
         else:
             res = acc
             if WEIGHTED:

@@ -33,7 +33,12 @@ def test_align_pairs_groups_by_expert_and_pads() -> None:
 
 @pytest.mark.parametrize(
     ("tokens", "experts", "top_k", "dtype"),
-    [(1, 8, 2, torch.float32), (13, 4, 2, torch.float32), (40, 8, 3, torch.float16)],
+    [
+        (1, 8, 2, torch.float32),
+        (13, 4, 2, torch.float32),
+        (40, 8, 3, torch.float16),
+        (9, 4, 2, torch.bfloat16),
+    ],
 )
 def test_fused_moe_matches_reference(device, tokens, experts, top_k, dtype) -> None:
     hidden, inter = 64, 48  # inter not a multiple of the N tile
