@@ -151,6 +151,19 @@ class ModelRunner:
             )
         if cuda:
             torch.cuda.empty_cache()  # weights replaced at load: size the KV pool after
+        self.cpu = None
+        self.weight_mode = str(self.dtype).replace("torch.", "")
+        if self.device.type == "cpu":
+            from radixlm.runtime.models.cpu_linear import setup_cpu_model
+
+            quantize = self.args.quantization == "gguf"
+            self.cpu = setup_cpu_model(model, Linear, source.gguf, quantize)
+            self.weight_mode = self.cpu.mode
+            logger.info("CPU linear layers: %s %s", self.cpu.mode, self.cpu.layers)
+            if type(model).compute_logits is not LlamaForCausalLM.compute_logits:
+                self.cpu = self.cpu._replace(head=None)  # NOTE: a model's own logits (softcap...)
+        elif self.args.quantization == "gguf":
+            logger.info("quantization=gguf: on GPU the GGUF weights load de-quantised")
         return model.eval()
 
     def _to_model(self, name: str, t: torch.Tensor) -> torch.Tensor:
@@ -251,4 +264,6 @@ class ModelRunner:
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits `[rows, vocab]`."""
+        if self.cpu is not None and self.cpu.head is not None:
+            return self.cpu.head(hidden).float()
         return self.model.compute_logits(hidden)

@@ -18,7 +18,8 @@ LOAD_FORMATS = ("auto", "gguf", "safetensors", "dummy")
 DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16", "half", "float")
 ATTENTION_BACKENDS = ("torch", "triton")
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
-QUANTIZATIONS = ("fp8",)
+QUANTIZATIONS = ("fp8", "gguf")
+GRAMMAR_BACKENDS = ("outlines", "llguidance")  # runtime/constrained/setup.py
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,9 @@ class ServerArgs:
     served_model_name: str | None = None
     random_seed: int | None = None
     # fp8: Linear weights quantized to float8_e4m3 at load (a scale per output channel) and
-    # activations per token at run time (GPU: cuBLASLt FP8 GEMMs; see runtime/models/fp8.py)
+    # activations per token at run time (GPU: cuBLASLt FP8 GEMMs; see runtime/models/fp8.py).
+    # gguf: a GGUF file's Q8_0/Q4_0/Q4_1 linear weights stay quantised on CPU and the CPU kernels
+    # compute on them (runtime/models/cpu_linear.py); on GPU they load de-quantised.
     quantization: str | None = None
     # ---- memory and scheduling ----
     mem_fraction_static: float | None = None  # GPU: fraction of device memory for weights + KV
@@ -116,6 +119,11 @@ class ServerArgs:
         ):
             raise InvalidRequestError(
                 "chunked_prefill_size must be >= 1 or -1", "chunked_prefill_size"
+            )
+        if self.grammar_backend not in GRAMMAR_BACKENDS:
+            raise InvalidRequestError(
+                f"grammar_backend must be one of {GRAMMAR_BACKENDS}, got {self.grammar_backend!r}",
+                "grammar_backend",
             )
         for name in ("request_timeout", "queue_timeout", "grammar_compile_timeout"):
             value = getattr(self, name)

@@ -5,7 +5,9 @@ the slot indices once per distinct window (`init_forward_metadata`); every layer
 with one `index_select` per tensor.
   EXTEND: one attention call per request, causal with the cached prefix in front of the new tokens
           (the prefix read from the pool, the new tokens' K/V as computed, like the Triton kernel).
-  DECODE: one batched call over the padded batch `[B, kvH, Lmax, D]` with a key-padding mask.
+  DECODE: one batched call over the padded batch `[B, kvH, Lmax, D]` with a key-padding mask;
+          on CPU, where the C++ kernel runs (`kernels/cpu/attention.py`), that kernel instead for
+          plain layers (no window, no soft cap): it reads K/V in place through `req_to_token`.
 A windowed layer gathers only the slots its queries can see (positions > first query - window):
 older slots are never read. A soft-capped layer runs the attention in plain torch ops (SDPA has
 no soft cap), the way transformers' eager Gemma 2 does.
@@ -68,8 +70,23 @@ def attend(
 
 
 class TorchAttnBackend(AttentionBackend):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.cpu_decode = False
+        if self.req_to_token.device.type == "cpu":
+            from radixlm.kernels.cpu import attention as cpu_attention
+
+            shape = (self.num_heads, self.num_kv_heads, self.head_dim)
+            self.cpu_decode = cpu_attention.supports(self.kv_pool.dtype, *shape)
+
+    def layers_plain(self) -> bool:
+        return self.layers is None or self.plain
+
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         windows = sorted({s.window for s in self.layers or () if s.window is not None})
+        if batch.is_decode and self.cpu_decode and self.layers_plain():
+            batch.attn_metadata = None  # NOTE: the C++ kernel reads req_to_token directly
+            return
         if batch.is_decode:
             meta = self._decode_meta(batch, None)
             meta.windowed = {w: self._decode_meta(batch, w) for w in windows}
@@ -143,6 +160,16 @@ class TorchAttnBackend(AttentionBackend):
 
     def forward_decode(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
         spec = self.layer(layer)
+        if self.cpu_decode and spec.window is None and spec.softcap is None:
+            from radixlm.kernels.cpu.attention import decode_attention
+
+            k_pool, v_pool = self.kv_pool.k[layer], self.kv_pool.v[layer]
+            o = decode_attention(
+                q, k_pool, v_pool, self.req_to_token, batch.req_pool_indices, batch.seq_lens,
+                spec.scale,
+            )  # fmt: skip
+            assert o is not None  # NOTE: `supports` held at start-up
+            return o.to(q.dtype)
         meta: _DecodeMeta = batch.attn_metadata
         if spec.window is not None:
             meta = meta.windowed[spec.window]

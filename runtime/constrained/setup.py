@@ -8,8 +8,7 @@ import torch
 
 from radixlm.runtime.constrained.manager import GrammarManager
 from radixlm.runtime.errors import InvalidRequestError
-
-GRAMMAR_BACKENDS = ("outlines",)
+from radixlm.runtime.server_args import GRAMMAR_BACKENDS
 
 
 def make_grammar_manager(
@@ -21,8 +20,17 @@ def make_grammar_manager(
             f"grammar_backend must be one of {GRAMMAR_BACKENDS}, got {args.grammar_backend!r}",
             "grammar_backend",
         )
-    compiler = None
-    if tokenizer is not None:
+    compiler: Any = None
+    if tokenizer is not None and args.grammar_backend == "llguidance":
+        from radixlm.runtime.constrained.llguidance_backend import LLGuidanceCompiler
+
+        compiler = LLGuidanceCompiler(
+            tokenizer,
+            vocab_size,
+            eos_ids,
+            whitespace_pattern=args.constrained_json_whitespace_pattern,
+        )
+    elif tokenizer is not None:
         from radixlm.runtime.constrained.outlines_backend import OutlinesCompiler
 
         compiler = OutlinesCompiler(

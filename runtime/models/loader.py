@@ -144,13 +144,14 @@ def _iter_gguf(gguf: GGUFFile, cfg: ModelConfig) -> Iterator[tuple[str, torch.Te
             _, layer, part, kind = name.split(".", 3)
             if permute and part in ("attn_q", "attn_k") and kind == "weight":
                 heads = cfg.num_attention_heads if part == "attn_q" else cfg.num_key_value_heads
-                data = _unpermute(data, heads)
+                data = unpermute_rows(data, heads)
             yield f"model.layers.{layer}.{_GGUF_NAMES[part]}.{kind}", data
         else:
             raise KeyError(f"unexpected GGUF tensor {name!r}")
 
 
-def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
+def unpermute_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """Undo llama.cpp's q/k row interleave (any trailing shape: values or GGUF block rows)."""
     rows = w.shape[0]
     return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 

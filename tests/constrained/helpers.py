@@ -22,7 +22,16 @@ def tokenizer() -> Any:
     return load_server_tokenizer(ServerArgs())
 
 
-def make_compiler(cache_dir: str | None = None, whitespace: str | None = None) -> Any:
+BACKENDS = ("outlines", "llguidance")
+
+
+def make_compiler(
+    cache_dir: str | None = None, whitespace: str | None = None, backend: str = "outlines"
+) -> Any:
+    if backend == "llguidance":
+        from radixlm.runtime.constrained.llguidance_backend import LLGuidanceCompiler
+
+        return LLGuidanceCompiler(tokenizer(), VOCAB, (EOS,), whitespace)
     from radixlm.runtime.constrained.outlines_backend import OutlinesCompiler
 
     return OutlinesCompiler(tokenizer(), VOCAB, (EOS,), whitespace, cache_dir)

@@ -1,11 +1,11 @@
 """Jump-forward planning on the real tokenizer: the forced string is appended with canonical
 re-tokenization, streamed ids are never replaced, the budget is respected, and the grammar ends
-in exactly the state of the new ids."""
+in exactly the state of the new ids (both grammar backends)."""
 
 from __future__ import annotations
 
 import pytest
-from constrained.helpers import make_compiler, tokenizer
+from constrained.helpers import BACKENDS, make_compiler, tokenizer
 
 from radixlm.runtime.constrained import GrammarSpec
 from radixlm.runtime.constrained.jump_forward import apply_jump, plan_jump
@@ -13,9 +13,9 @@ from radixlm.runtime.constrained.jump_forward import apply_jump, plan_jump
 REGEX = r'\{"name": "[a-z]{1,8}", "city": "[a-z]{1,8}"\}'
 
 
-@pytest.fixture(scope="module")
-def compiler():
-    return make_compiler()
+@pytest.fixture(scope="module", params=BACKENDS)
+def compiler(request):
+    return make_compiler(backend=request.param)
 
 
 def grammar_after(compiler, text: str):
@@ -72,7 +72,10 @@ def test_rejected_tail_restores_the_grammar(compiler):
     from radixlm.runtime.constrained.jump_forward import JumpPlan
 
     grammar, ids = grammar_after(compiler, '{"name": "bob"')
-    state = grammar.state
+    forced = grammar.jump_forward()
     bad = JumpPlan(len(ids) - 1, tokenizer().encode("XYZ", add_special_tokens=False))
     assert not apply_jump(grammar, ids, bad)
-    assert grammar.state == state and grammar.num_accepted == len(ids)
+    assert grammar.num_accepted == len(ids) and grammar.jump_forward() == forced
+    for t in tokenizer().encode(', "city": "x"}', add_special_tokens=False):
+        assert grammar.accept(t)
+    assert grammar.is_terminated()

@@ -1,0 +1,191 @@
+"""The llguidance backend: an Earley parser over a lexer, driven token by token (`LLMatcher`).
+Context-free grammars (ebnf / Lark), recursive JSON schemas, ECMA-262 patterns; compiles take
+milliseconds, so there is no disk cache.
+
+- `LLGuidanceCompiler` (one per scheduler process) owns the `LLTokenizer` (built once from our
+  tokenizer, lazily, under a lock) and an LRU of *template* matchers in their initial state,
+  keyed by (spec, whitespace pattern). Each request gets `template.deep_copy()`.
+- `LLGuidanceGrammar` (one per request, scheduler loop thread only) wraps one `LLMatcher`.
+
+NOTE: an `LLMatcher` never raises on user errors: it enters a sticky error state. So `accept`
+tries the token first (`try_consume_tokens` leaves the state unchanged on rejection) and
+`rollback` is bounded by the tokens accepted so far.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import torch
+
+from radixlm.runtime.constrained.base import Grammar, GrammarCompiler, GrammarSpec
+from radixlm.runtime.constrained.cache import LRUCache
+from radixlm.runtime.constrained.llguidance_specs import check_spec_llguidance, spec_to_llguidance
+from radixlm.runtime.constrained.vocab import TokenVocab
+from radixlm.runtime.errors import GrammarError
+
+
+class LLGuidanceGrammar(Grammar):
+    def __init__(self, matcher: Any, eos_ids: tuple[int, ...], num_accepted: int = 0) -> None:
+        self.matcher = matcher
+        self.eos_ids = eos_ids
+        self._num = num_accepted
+
+    # ---- Grammar --------------------------------------------------------------------------------
+    def fill_mask(self, row: torch.Tensor) -> None:
+        # NOTE: llguidance writes exactly ceil(n_vocab / 32) words, n_vocab = the model's vocab
+        # size (the compiler builds its tokenizer so); EOS bits are set in accepting states.
+        self.matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * 4)
+
+    def accept(self, token_id: int) -> bool:
+        if self.matcher.try_consume_tokens([token_id]) != 1:
+            return False
+        self._num += 1
+        return True
+
+    def is_terminated(self) -> bool:
+        # NOTE: stopped = only EOS may follow (or EOS was consumed); we never enter the error
+        # state (see the module docstring), which also reads as stopped.
+        return self.matcher.is_stopped()
+
+    def jump_forward(self) -> str | None:
+        if self.matcher.is_stopped():
+            return None
+        forced = self.matcher.compute_ff_bytes()
+        if not forced or (forced[0] & 0xC0) == 0x80:  # starts inside a character: never jump
+            return None
+        # NOTE: "ignore" drops a trailing partial character (its last bytes are not forced yet).
+        return forced.decode("utf-8", errors="ignore") or None
+
+    def rollback(self, n: int) -> None:
+        if n <= 0:
+            return
+        if n > self._num:
+            raise ValueError(f"cannot roll back {n} tokens ({self._num} accepted)")
+        if not self.matcher.rollback(n) or self.matcher.is_error():
+            raise RuntimeError(f"llguidance rollback failed: {self.matcher.get_error()[:200]}")
+        self._num -= n
+
+    @property
+    def max_rollback(self) -> int:
+        # NOTE: llguidance keeps the parser state of every consumed token: any prefix can go.
+        return self._num
+
+    @property
+    def num_accepted(self) -> int:
+        return self._num
+
+    def copy(self) -> LLGuidanceGrammar:
+        return LLGuidanceGrammar(self.matcher.deep_copy(), self.eos_ids, self._num)
+
+
+class LLGuidanceCompiler(GrammarCompiler):
+    """Compiles specs to template matchers over one tokenizer (see the module docstring)."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        eos_ids: tuple[int, ...],
+        whitespace_pattern: str | None = None,
+        capacity: int = 256,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_ids = eos_ids
+        self.whitespace_pattern = whitespace_pattern
+        self.memory: LRUCache[tuple, Any] = LRUCache(capacity)
+        self._lltok: Any = None
+        self._vocab: TokenVocab | None = None
+        self._lock = threading.Lock()
+        self.stats = {"compiled": 0, "memory_hits": 0, "disk_hits": 0, "compile_s": 0.0}
+
+    @property
+    def vocab(self) -> TokenVocab:
+        """Our tokenizer's bytes (jump-forward re-tokenizes with them)."""
+        with self._lock:
+            if self._vocab is None:
+                self._vocab = TokenVocab.from_tokenizer(
+                    self.tokenizer, self.vocab_size, self.eos_ids
+                )
+            return self._vocab
+
+    @property
+    def lltokenizer(self) -> Any:
+        with self._lock:
+            if self._lltok is None:
+                self._lltok = make_lltokenizer(self.tokenizer, self.vocab_size, self.eos_ids)
+            return self._lltok
+
+    def key(self, spec: GrammarSpec) -> tuple:
+        return (spec.kind, spec.value, self.whitespace_pattern)
+
+    def validate(self, spec: GrammarSpec) -> None:
+        check_spec_llguidance(spec, self.whitespace_pattern)
+
+    def cached(self, spec: GrammarSpec) -> LLGuidanceGrammar | None:
+        hit = self.memory.get(self.key(spec))
+        if hit is None:
+            return None
+        self.stats["memory_hits"] += 1
+        return LLGuidanceGrammar(hit.deep_copy(), self.eos_ids)
+
+    def compile(self, spec: GrammarSpec) -> LLGuidanceGrammar:
+        return LLGuidanceGrammar(self.compile_shared(spec).deep_copy(), self.eos_ids)
+
+    def compile_shared(self, spec: GrammarSpec) -> Any:
+        """The template matcher of `spec` (never advanced; callers deep-copy it)."""
+        from llguidance import LLMatcher
+
+        key = self.key(spec)
+        hit = self.memory.get(key)
+        if hit is not None:
+            self.stats["memory_hits"] += 1
+            return hit
+        grammar = spec_to_llguidance(spec, self.whitespace_pattern)
+        start = time.perf_counter()
+        matcher = LLMatcher(self.lltokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            first = (matcher.get_error().strip().splitlines() or ["invalid grammar"])[0]
+            raise GrammarError(f"cannot compile {spec.describe()}: {first}", spec.kind)
+        self.stats["compiled"] += 1
+        self.stats["compile_s"] += time.perf_counter() - start
+        self.memory.put(key, matcher)
+        return matcher
+
+
+def make_lltokenizer(tokenizer: Any, vocab_size: int, eos_ids: tuple[int, ...]) -> Any:
+    """llguidance's tokenizer for our HF tokenizer; masks are `vocab_size` (the model's) wide."""
+    import llguidance.hf
+
+    try:
+        return llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=list(eos_ids))
+    except ValueError:  # not a fast tokenizer: describe the vocabulary by its bytes instead
+        return _lltokenizer_from_bytes(tokenizer, vocab_size, eos_ids)
+
+
+class _BytesTokenizer:
+    """What `llguidance.TokenizerWrapper` reads: per-id bytes, specials, and an encoder."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: tuple[int, ...]) -> None:
+        vocab = TokenVocab.from_tokenizer(tokenizer, vocab_size, ())
+        self.eos_token_id = eos_ids[0]
+        self.bos_token_id = getattr(tokenizer, "bos_token_id", None)
+        self.special_token_ids = [i for i, b in enumerate(vocab.token_bytes) if b is None]
+        names = tokenizer.convert_ids_to_tokens(self.special_token_ids)
+        self.tokens = list(vocab.token_bytes)
+        for tid, name in zip(self.special_token_ids, names, strict=True):
+            self.tokens[tid] = (name or f"<[{tid}]>").encode("utf-8")
+        self._tokenizer = tokenizer
+
+    def __call__(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=False)
+
+
+def _lltokenizer_from_bytes(tokenizer: Any, vocab_size: int, eos_ids: tuple[int, ...]) -> Any:
+    import llguidance
+
+    wrapper = llguidance.TokenizerWrapper(_BytesTokenizer(tokenizer, vocab_size, eos_ids))
+    return llguidance.LLTokenizer(wrapper, n_vocab=vocab_size, eos_token=list(eos_ids))
