@@ -286,7 +286,14 @@ def section_kernels(args: argparse.Namespace) -> None:
     bench_kernels.main(["--sections", "check,decode,extend"])
 
 
+def section_moe(args: argparse.Namespace) -> None:
+    from radixlm.bench.gpu_moe import section_moe as run
+
+    run(args, RESULTS)
+
+
 SECTIONS = {
+    "moe": section_moe,
     "gemv": section_gemv,
     "parity": section_parity,
     "hf": section_hf,
@@ -303,7 +310,11 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--sections", default="parity,decode,offline,hf")
-    parser.add_argument("--model", default="llama-3-8b", help="dummy preset for the speed sections")
+    parser.add_argument(
+        "--model",
+        default="llama-3-8b",
+        help="dummy preset for the speed sections (also qwen3-8b, qwen3-30b-a3b, gemma-3-12b)",
+    )
     parser.add_argument("--offline-requests", type=int, default=512)
     parser.add_argument(
         "--offline-variants",

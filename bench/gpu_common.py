@@ -48,9 +48,15 @@ def engine(model: str, **kwargs: Any) -> Any:
 
 
 def linear_params_per_layer(cfg: Any) -> int:
-    """Weights of one decoder layer's linears: qkv, o, gate_up and down."""
+    """Weights of one decoder layer's linears a decode token reads: qkv, o, gate_up and down (a
+    mixture of experts: the router and the top-k experts)."""
     h, i = cfg.hidden_size, cfg.intermediate_size
-    return (cfg.q_size + 2 * cfg.kv_size) * h + cfg.q_size * h + 3 * i * h
+    attn = (cfg.q_size + 2 * cfg.kv_size) * h + cfg.q_size * h
+    if getattr(cfg, "num_experts", 0):  # a decode token reads the router and its top-k experts
+        sparse = sum(cfg.moe_layers) / cfg.num_hidden_layers
+        moe = cfg.num_experts * h + cfg.num_experts_per_tok * 3 * cfg.moe_intermediate_size * h
+        return attn + round(sparse * moe + (1 - sparse) * 3 * i * h)
+    return attn + 3 * i * h
 
 
 def weight_bytes(cfg: Any, dtype_bytes: int = 2, linear_bytes: int = 2) -> int:

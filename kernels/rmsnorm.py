@@ -2,6 +2,7 @@
 
 HF `LlamaRMSNorm`: h = x.float(); h = h * rsqrt(mean(h^2, -1) + eps); return weight * h.to(x.dtype).
 The fused version first forms `residual = x + residual` in the input dtype, then normalises it.
+`unit_offset=True`: Gemma's RMSNorm, `(h * (1 + weight.float())).to(x.dtype)` with h kept in fp32.
 
 Layouts: x, residual: [..., hidden] (last dim contiguous; leading dims flattened to rows, which
 must be expressible as one row stride); weight: [hidden]. Outputs are new tensors of x's dtype
@@ -23,19 +24,27 @@ from radixlm.kernels._triton import (
 )
 
 
-def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """Reference, exactly HF's LlamaRMSNorm.forward."""
+def rmsnorm_ref(
+    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, unit_offset: bool = False
+) -> torch.Tensor:
+    """Reference, exactly HF's LlamaRMSNorm.forward (`unit_offset`: Gemma's RMSNorm)."""
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    if unit_offset:
+        return (h * (1.0 + weight.float())).to(x.dtype)
     return weight * h.to(x.dtype)
 
 
 def fused_add_rmsnorm_ref(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    unit_offset: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference: (rmsnorm(x + residual), x + residual), the sum taken in the input dtype."""
     new_residual = x + residual
-    return rmsnorm_ref(new_residual, weight, eps), new_residual
+    return rmsnorm_ref(new_residual, weight, eps, unit_offset), new_residual
 
 
 @jit
@@ -54,6 +63,7 @@ def _rmsnorm_kernel(
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
     USE_PDL: tl.constexpr,
+    UNIT_OFFSET: tl.constexpr = False,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -68,9 +78,11 @@ def _rmsnorm_kernel(
         tl.store(ResOut + row * stride_ro + offs, x, mask=mask)
     xf = x.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / hidden + eps)
-    # HF rounds the normed activations to the input dtype, then multiplies by the weight.
-    h = (xf * rstd).to(X.dtype.element_ty).to(tl.float32)
-    tl.store(Out + row * stride_o + offs, (h * w).to(Out.dtype.element_ty), mask=mask)
+    if UNIT_OFFSET:  # Gemma: fp32 throughout, times (1 + w)
+        o = xf * rstd * (1.0 + w)
+    else:  # HF rounds the normed activations to the input dtype, then multiplies by the weight.
+        o = (xf * rstd).to(X.dtype.element_ty).to(tl.float32) * w
+    tl.store(Out + row * stride_o + offs, o.to(Out.dtype.element_ty), mask=mask)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -78,7 +90,7 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.view(-1, t.shape[-1]) if t.dim() != 2 else t
 
 
-def _launch(x, res, weight, out, res_out, eps: float) -> None:
+def _launch(x, res, weight, out, res_out, eps: float, unit_offset: bool = False) -> None:
     rows, hidden = x.shape
     if rows == 0:
         return
@@ -99,18 +111,21 @@ def _launch(x, res, weight, out, res_out, eps: float) -> None:
         res_out.stride(0) if has_res else 0,
         HAS_RESIDUAL=has_res,
         BLOCK=block,
+        UNIT_OFFSET=unit_offset,
         num_warps=num_warps,
         **pdl_launch_args(x.device),
     )
 
 
-def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def rmsnorm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, unit_offset: bool = False
+) -> torch.Tensor:
     """Triton version of `rmsnorm_ref`. Returns a new tensor shaped like x."""
     require_triton()
     assert weight.shape == (x.shape[-1],) and weight.is_contiguous()
-    out_dtype = torch.promote_types(weight.dtype, x.dtype)
+    out_dtype = x.dtype if unit_offset else torch.promote_types(weight.dtype, x.dtype)
     out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
-    _launch(_rows(x), None, weight, _rows(out), None, eps)
+    _launch(_rows(x), None, weight, _rows(out), None, eps, unit_offset)
     return out
 
 
@@ -120,6 +135,7 @@ def fused_add_rmsnorm(
     weight: torch.Tensor,
     eps: float = 1e-6,
     inplace: bool = False,
+    unit_offset: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton version of `fused_add_rmsnorm_ref`: returns (normed, new_residual).
 
@@ -133,9 +149,9 @@ def fused_add_rmsnorm(
         assert weight.dtype == x.dtype, "in place needs weight.dtype == x.dtype"
         out, res_out = x, residual
     else:
-        out_dtype = torch.promote_types(weight.dtype, x.dtype)
+        out_dtype = x.dtype if unit_offset else torch.promote_types(weight.dtype, x.dtype)
         out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
         res_out = torch.empty_like(x)
     # NOTE: in place is safe: each program reads its whole row before writing it.
-    _launch(_rows(x), _rows(residual), weight, _rows(out), _rows(res_out), eps)
+    _launch(_rows(x), _rows(residual), weight, _rows(out), _rows(res_out), eps, unit_offset)
     return out, res_out

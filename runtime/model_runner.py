@@ -116,6 +116,9 @@ class ModelRunner:
             from radixlm.runtime.models.gemm_select import select_decode_gemms
 
             self.gemm_choices = select_decode_gemms(self.model, Linear, self.dtype)
+            from radixlm.runtime.models.moe import select_moe_kernel_configs
+
+            select_moe_kernel_configs(self.model, self.dtype)  # no-op without MoE layers
         self.graphs = None
         if self.device.type == "cuda" and not args.disable_cuda_graph:
             from radixlm.runtime.cuda_graph_runner import CudaGraphRunner

@@ -94,14 +94,33 @@ TINY: dict[str, dict[str, Any]] = {
 }
 
 
-def save_tiny(name: str, path: str) -> Any:
+# Llama-family models whose configs enable a window (logits tests only).
+WINDOWED: dict[str, dict[str, Any]] = {
+    "mistral_window": {
+        **_BASE,
+        "model_type": "mistral",
+        "architectures": ["MistralForCausalLM"],
+        "sliding_window": WINDOW,
+    },
+    "qwen2_window": {
+        **_BASE,
+        "model_type": "qwen2",
+        "architectures": ["Qwen2ForCausalLM"],
+        "use_sliding_window": True,
+        "sliding_window": WINDOW,
+        "max_window_layers": 1,
+    },
+}
+
+
+def save_tiny(name: str, path: str, **overrides: Any) -> Any:
     """Build the tiny `name` model with transformers (seeded), perturb its norms (HF initialises
     them to a constant) and save it to `path`; returns the fp32 transformers model."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
-    cfg = dict(TINY[name])
+    cfg = {**(TINY.get(name) or WINDOWED[name]), **overrides}
     config = AutoConfig.for_model(**cfg)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():

@@ -68,6 +68,10 @@ class ModelConfig:
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
         arch = arch_from_hf(cfg)
+        if isinstance(cfg.get("text_config"), dict):  # an image-text model: its text decoder
+            top = {k: v for k, v in cfg.items() if k in ("torch_dtype", "dtype", "eos_token_id")}
+            cfg = {**top, **cfg["text_config"], "architectures": [arch]}
+            cfg["model_type"] = ARCHITECTURES[arch].model_type
         model_type = ARCHITECTURES[arch].model_type
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
@@ -200,7 +204,7 @@ def _layer_windows(
         sliding = [t == "sliding_attention" for t in types]
     elif model_type == "gemma2":
         sliding = [i % 2 == 0 for i in range(layers)]
-    elif model_type == "gemma3_text":
+    elif model_type.startswith("gemma3"):
         pattern = int(cfg.get("sliding_window_pattern", 6))
         sliding = [(i + 1) % pattern != 0 for i in range(layers)]
     elif model_type.startswith("qwen"):

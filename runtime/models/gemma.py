@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -28,14 +29,17 @@ from radixlm.runtime.models.rotary import RotaryEmbedding
 
 class GemmaRMSNorm(RMSNorm):
     """`x / rms(x) * (1 + w)` in fp32, cast back to x's dtype; optionally adds the residual first
-    (returns `(out, sum)` then, like `RMSNorm`)."""
-
-    def __init__(self, size: int, eps: float, fused: bool = False) -> None:
-        super().__init__(size, eps, fused=False)
+    (returns `(out, sum)` then, like `RMSNorm`). `fused`: the Triton kernel (`unit_offset`)."""
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if self.fused:
+            from radixlm.kernels import rmsnorm
+
+            if residual is None:
+                return rmsnorm.rmsnorm(x, self.weight, self.eps, unit_offset=True)
+            return rmsnorm.fused_add_rmsnorm(x, residual, self.weight, self.eps, unit_offset=True)
         if residual is not None:
             x = x + residual
             residual = x
@@ -68,15 +72,15 @@ class GemmaMLP(nn.Module):
 
 
 class GemmaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, self_attn: nn.Module) -> None:
+    def __init__(self, config: ModelConfig, self_attn: nn.Module, fused: bool = False) -> None:
         super().__init__()
         h, eps = config.hidden_size, config.rms_norm_eps
         self.self_attn = self_attn
         self.mlp = GemmaMLP(config)
-        self.input_layernorm = GemmaRMSNorm(h, eps)
-        self.post_attention_layernorm = GemmaRMSNorm(h, eps)
-        self.pre_feedforward_layernorm = GemmaRMSNorm(h, eps)
-        self.post_feedforward_layernorm = GemmaRMSNorm(h, eps)
+        self.input_layernorm = GemmaRMSNorm(h, eps, fused)
+        self.post_attention_layernorm = GemmaRMSNorm(h, eps, fused)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(h, eps, fused)
+        self.post_feedforward_layernorm = GemmaRMSNorm(h, eps, fused)
 
     def forward(
         self,
@@ -111,7 +115,7 @@ class GemmaForCausalLM(DecoderForCausalLM):
         return GemmaEmbedding(config.vocab_size, config.hidden_size)
 
     def make_norm(self, config: ModelConfig, fused: bool) -> nn.Module:
-        return GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
+        return GemmaRMSNorm(config.hidden_size, config.rms_norm_eps, fused)
 
     def make_layer(
         self,
@@ -122,7 +126,7 @@ class GemmaForCausalLM(DecoderForCausalLM):
         device: torch.device,
     ) -> nn.Module:
         if config.model_type == "gemma2":
-            return GemmaDecoderLayer(config, LlamaAttention(config, layer_id))
+            return GemmaDecoderLayer(config, LlamaAttention(config, layer_id), fused)
         rotary = None
         if config.layer_window(layer_id) is not None and config.rope_local_theta is not None:
             local = dataclasses.replace(
@@ -131,8 +135,8 @@ class GemmaForCausalLM(DecoderForCausalLM):
             if self._local_rotary is None:
                 self._local_rotary = RotaryEmbedding(local, max_positions, device, fused)
             rotary = self._local_rotary
-        attn = QKNormAttention(config, layer_id, GemmaRMSNorm, rotary=rotary)
-        return GemmaDecoderLayer(config, attn)
+        attn = QKNormAttention(config, layer_id, GemmaRMSNorm, fused, rotary=rotary)
+        return GemmaDecoderLayer(config, attn, fused)
 
     def make_rotary(
         self, config: ModelConfig, max_positions: int, device: torch.device, fused: bool
@@ -146,6 +150,32 @@ class GemmaForCausalLM(DecoderForCausalLM):
         cap = self.config.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        super().load_weights(_text_decoder(weights))
+
     def extra_layer_weight_count(self) -> int:
         # pre/post feed-forward norms (+ q/k norms in Gemma 3)
         return 2 if self.config.model_type == "gemma2" else 4
+
+
+_VISION = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.")
+_TEXT_PREFIXES = (
+    ("language_model.model.", "model."),  # transformers 4 image-text checkpoints
+    ("model.language_model.", "model."),  # transformers 5
+    ("language_model.lm_head.", "lm_head."),
+)
+
+
+def _text_decoder(
+    weights: Iterable[tuple[str, torch.Tensor]],
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """A Gemma 3 image-text checkpoint's text decoder under causal-LM names (the vision tower
+    and projector dropped); a text-only checkpoint passes unchanged."""
+    for name, tensor in weights:
+        if name.startswith(_VISION) or name.startswith("model.multi_modal_projector."):
+            continue
+        for old, new in _TEXT_PREFIXES:
+            if name.startswith(old):
+                name = new + name[len(old) :]
+                break
+        yield name, tensor

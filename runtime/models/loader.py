@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixlm.runtime.models.config import ModelConfig, UnsupportedModelError
+from radixlm.runtime.models.config import ModelConfig
 from radixlm.runtime.models.default_model import ModelNotFoundError, default_model_path
 from radixlm.runtime.models.gguf_file import GGUFFile
 from radixlm.runtime.models.hf_cache import is_repo_id, local_model_path
@@ -75,8 +75,11 @@ _GGUF_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
 def gguf_config(gguf: GGUFFile) -> ModelConfig:
     arch = gguf.architecture
-    if arch not in _GGUF_ARCH:
-        raise UnsupportedModelError(f"GGUF architecture {arch!r} is not supported")
+    # the other registered architectures (registry.py), Mixtral (a llama with experts) included
+    if arch not in _GGUF_ARCH or gguf.metadata.get(f"{arch}.expert_count"):
+        from radixlm.runtime.models.gguf_arch import gguf_arch_config
+
+        return gguf_arch_config(gguf)
     md = gguf.metadata
 
     def get(key: str, default=None):
@@ -121,6 +124,11 @@ _GGUF_NAMES = {
 
 
 def _iter_gguf(gguf: GGUFFile, cfg: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    if gguf.architecture not in _GGUF_ARCH or cfg.num_experts:
+        from radixlm.runtime.models.gguf_arch import iter_gguf_arch
+
+        yield from iter_gguf_arch(gguf, cfg)
+        return
     permute = gguf.architecture == "llama"  # llama.cpp interleaves q/k rows for its rope layout
     for name, tensor in gguf.tensors.items():
         if name.startswith("rope_"):
@@ -197,7 +205,7 @@ def _iter_dummy(
             yield p + "self_attn.q_proj.bias", rand(cfg.q_size)
             yield p + "self_attn.k_proj.bias", rand(cfg.kv_size)
             yield p + "self_attn.v_proj.bias", rand(cfg.kv_size)
-        if mt in ("qwen3", "qwen3_moe", "gemma3_text"):  # qk-norm
+        if mt in ("qwen3", "qwen3_moe", "gemma3_text", "gemma3"):  # qk-norm
             yield p + "self_attn.q_norm.weight", norm(cfg.head_dim)
             yield p + "self_attn.k_norm.weight", norm(cfg.head_dim)
         yield p + "self_attn.o_proj.weight", rand(h, cfg.q_size)

@@ -9,7 +9,9 @@ fills row ranges (weights.py) and the kernels see `[E, 2I, H]` / `[E, H, I]` vie
 
 from __future__ import annotations
 
+import logging
 import re
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +19,9 @@ from torch import nn
 
 from radixlm.runtime.models.config import ModelConfig
 from radixlm.runtime.models.llama import Linear
+
+logger = logging.getLogger(__name__)
+MOE_BUCKETS = (1, 16, 256, 4096)  # token counts timed at start-up (each config serves <= m)
 
 
 def route(
@@ -61,7 +66,9 @@ class SparseMoE(nn.Module):
         self.gate = Linear(h, e)
         self.w13 = nn.Parameter(torch.empty(e * 2 * i, h), requires_grad=False)
         self.w2 = nn.Parameter(torch.empty(e * h, i), requires_grad=False)
-        self.kernel_cfg: dict | None = None  # Triton launch config (GPU), set at start-up
+        # (max tokens, Triton launch config) by batch bucket, timed at start-up on GPU
+        # (`select_moe_kernel_configs`); None: `kernels.fused_moe.moe_config`'s defaults
+        self.kernel_cfgs: list[tuple[int, Any]] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = route(self.gate(x), self.top_k, self.renormalize, x.dtype)
@@ -70,7 +77,10 @@ class SparseMoE(nn.Module):
         if x.is_cuda:
             from radixlm.kernels.fused_moe import fused_moe
 
-            return fused_moe(x, w13, w2, weights, ids, self.kernel_cfg)
+            cfg = None
+            if self.kernel_cfgs is not None:
+                cfg = next((c for m, c in self.kernel_cfgs if x.shape[0] <= m), None)
+            return fused_moe(x, w13, w2, weights, ids, cfg)
         return fused_moe_torch(x, w13, w2, weights, ids)
 
 
@@ -100,3 +110,22 @@ def moe_checkpoint_target(
     if m is not None:
         return f"{m['layer']}.mlp.gate.weight", None
     return None
+
+
+def select_moe_kernel_configs(model: nn.Module, dtype: torch.dtype) -> int:
+    """GPU start-up: time the fused-MoE kernel's candidate configs once per distinct expert
+    shape and token bucket (`MOE_BUCKETS`), and give every SparseMoE layer its picks; returns the
+    number of MoE layers configured."""
+    from radixlm.kernels.fused_moe import select_moe_config
+
+    picked: dict[tuple[int, int, int, int], list[tuple[int, Any]]] = {}
+    layers = [m for m in model.modules() if isinstance(m, SparseMoE)]
+    for layer in layers:
+        shape = (layer.hidden, layer.inter, layer.num_experts, layer.top_k)
+        if shape not in picked:
+            picked[shape] = [
+                (m, select_moe_config(*shape, tokens=m, dtype=dtype)) for m in MOE_BUCKETS
+            ]
+            logger.info("fused MoE %s: configs by tokens %s", shape, picked[shape])
+        layer.kernel_cfgs = picked[shape] + [(1 << 62, picked[shape][-1][1])]
+    return len(layers)

@@ -28,6 +28,8 @@ ARCHITECTURES: dict[str, ArchInfo] = {
     "MixtralForCausalLM": ArchInfo("mixtral", "mixtral", "MixtralForCausalLM", None),
     "Gemma2ForCausalLM": ArchInfo("gemma2", "gemma", "GemmaForCausalLM", "gemma2"),
     "Gemma3ForCausalLM": ArchInfo("gemma3_text", "gemma", "GemmaForCausalLM", "gemma3"),
+    # Gemma 3 4B/12B/27B checkpoints: the text decoder of the image-text model (images unsupported)
+    "Gemma3ForConditionalGeneration": ArchInfo("gemma3", "gemma", "GemmaForCausalLM", None),
     "Phi3ForCausalLM": ArchInfo("phi3", "phi3", "Phi3ForCausalLM", "phi3"),
 }
 

@@ -62,3 +62,26 @@ def test_rmsnorm_strided_rows(device: str) -> None:
     x = base[:, :128]  # rows with stride 160
     w = torch.randn(128, device=device)
     torch.testing.assert_close(rmsnorm(x, w), rmsnorm_ref(x, w), atol=1e-5, rtol=1e-5)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_unit_offset_rmsnorm_matches_gemma(device: str, dtype: torch.dtype) -> None:
+    """`unit_offset`: Gemma's `(1 + w)` RMSNorm in fp32, plain and with the residual add; the
+    reference equals the model's torch GemmaRMSNorm."""
+    from radixlm.runtime.models.gemma import GemmaRMSNorm
+
+    hidden = 96
+    x = torch.randn(5, hidden, device=device).to(dtype)
+    residual = torch.randn(5, hidden, device=device).to(dtype)
+    norm = GemmaRMSNorm(hidden, 1e-6).to(device)
+    norm.weight.data = (0.1 * torch.randn(hidden, device=device)).to(dtype)
+    w = norm.weight.data
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(rmsnorm_ref(x, w, 1e-6, unit_offset=True), norm(x))
+    got = rmsnorm(x, w, 1e-6, unit_offset=True)
+    torch.testing.assert_close(got, norm(x), atol=atol, rtol=rtol)
+    out, res = fused_add_rmsnorm(x, residual, w, 1e-6, unit_offset=True)
+    exp_out, exp_res = norm(x, residual)
+    torch.testing.assert_close(out, exp_out, atol=atol, rtol=rtol)
+    torch.testing.assert_close(res, exp_res)

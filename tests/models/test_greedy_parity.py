@@ -2,7 +2,7 @@
 the real Engine: the radix cache on (a second round reuses prefixes longer than the window),
 chunked prefill (8-token chunks) and a KV pool small enough that decoding retracts requests.
 The torch attention backend for every architecture; the Triton kernels (Triton's interpreter on
-CPU) for the windowed / soft-capped / MoE ones."""
+CPU) for Gemma 2 (windowed and soft-capped)."""
 
 from __future__ import annotations
 
@@ -30,11 +30,9 @@ ENGINE_ARGS = {
     "max_running_requests": 4,
     "random_seed": 0,
 }
-CASES = [(name, "torch") for name in TINY] + [
-    ("gemma2", "triton"),
-    ("gemma3", "triton"),
-    ("qwen3_moe", "triton"),
-]
+# The Triton kernels on Gemma 2 (windows + soft caps + query_pre_attn_scalar) only: the
+# interpreter is slow (~60 s here); Gemma 3's GPU path is checked by logits in test_logits.py.
+CASES = [(name, "torch") for name in TINY] + [("gemma2", "triton")]
 
 
 @pytest.fixture(scope="module")

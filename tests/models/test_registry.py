@@ -23,7 +23,7 @@ def _doc_rows() -> dict[str, tuple[str, str | None]]:
     rows = {}
     with open(DOC) as f:
         for line in f:
-            m = re.match(r"^\| (\w+ForCausalLM) \| (\w+) \| ([\w-]+) \|", line)
+            m = re.match(r"^\| (\w+For\w+) \| (\w+) \| ([\w-]+) \|", line)
             if m:
                 rows[m[1]] = (m[2], None if m[3] == "-" else m[3])
     return rows

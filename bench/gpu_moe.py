@@ -1,0 +1,98 @@
+"""`radixlm bench gpu --sections moe`: the fused-MoE kernel against its bound, on a preset's
+expert shape (default: qwen3-30b-a3b, 128 experts, 8 active, dummy weights).
+
+Batch 1: the bytes of the 8 active experts (gate_up + down) over the run's copy bandwidth.
+Large batch (4096 tokens, every expert busy): FLOPs 2 * T * k * 3 * H * I over the run's sustained
+GEMM rate (a cuBLAS bf16 matmul of the same run). Each timed as the median of CUDA-event runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from radixlm.bench.gpu_common import copy_bandwidth_gbs, log
+
+
+def _time_ms(fn: Any, reps: int = 20) -> float:
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def _gemm_tflops() -> float:
+    import torch
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = _time_ms(lambda: a @ b)
+    return 2 * 8192**3 / (ms * 1e-3) / 1e12
+
+
+def section_moe(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    import torch
+
+    from radixlm.kernels.fused_moe import fused_moe, select_moe_config
+    from radixlm.runtime.models.config import ModelConfig
+    from radixlm.runtime.models.moe import fused_moe_torch, route
+    from radixlm.runtime.models.presets import PRESETS
+
+    model = args.model if PRESETS[args.model].get("num_experts") else "qwen3-30b-a3b"
+    cfg = ModelConfig.from_hf_dict(PRESETS[model])
+    e, k, h, i = (
+        cfg.num_experts,
+        cfg.num_experts_per_tok,
+        cfg.hidden_size,
+        cfg.moe_intermediate_size,
+    )
+    dt = torch.bfloat16
+    copies = 8  # distinct weight sets, cycled: cold in L2 like the model's 48 layers
+    w13 = [torch.randn(e, 2 * i, h, device="cuda", dtype=dt) * 0.02 for _ in range(copies)]
+    w2 = [torch.randn(e, h, i, device="cuda", dtype=dt) * 0.02 for _ in range(copies)]
+    bw = results.setdefault("copy_bandwidth_gbs", copy_bandwidth_gbs())
+    tflops = _gemm_tflops()
+    out: dict[str, Any] = {"model": model, "gemm_tflops": round(tflops, 1)}
+    for tokens in (1, 8, 64, 512, 4096):
+        x = torch.randn(tokens, h, device="cuda", dtype=dt)
+        weights, ids = route(torch.randn(tokens, e, device="cuda"), k, True, dt)
+        kcfg = select_moe_config(h, i, e, k, tokens, dt)
+        state = {"n": 0}
+
+        def run(x=x, weights=weights, ids=ids, kcfg=kcfg, state=state) -> None:
+            n = state["n"] = (state["n"] + 1) % copies
+            fused_moe(x, w13[n], w2[n], weights, ids, kcfg)
+
+        ms = _time_ms(run)
+        active = int(ids.unique().numel())
+        bytes_read = active * 3 * h * i * 2
+        flops = 2 * tokens * k * 3 * h * i
+        row = {
+            "config": list(kcfg),
+            "us": round(ms * 1e3, 1),
+            "bw_frac": round(bytes_read / (ms * 1e-3) / 1e9 / bw, 3),
+            "flops_frac": round(flops / (ms * 1e-3) / 1e12 / tflops, 3),
+        }
+        if tokens <= 64:  # the torch reference, for scale
+            row["torch_ref_us"] = round(
+                _time_ms(
+                    lambda x=x, weights=weights, ids=ids: fused_moe_torch(
+                        x, w13[0], w2[0], weights, ids
+                    ),
+                    reps=5,
+                )
+                * 1e3,
+                1,
+            )
+        out[f"t{tokens}"] = row
+        log(f"fused moe {model} T={tokens}: {row}")
+    results["moe"] = out

@@ -1,0 +1,240 @@
+"""Fused mixture-of-experts MLP: grouped GEMMs over (token, expert) pairs sorted by expert.
+
+Inputs: x `[T, H]`, w13 `[E, 2I, H]` (expert e's gate rows 0..I-1, up rows I..2I-1), w2 `[E, H, I]`,
+topk_weights `[T, k]`, topk_ids `[T, k]` (the router's choice). Output `[T, H]` =
+sum_k topk_weights[t, k] * w2[e] @ (silu(w13[e, :I] @ x_t) * (w13[e, I:] @ x_t)), e = topk_ids[t, k].
+
+1. `align_pairs` (torch ops, no host sync): the T*k pairs p = t*k + j sorted by expert, each
+   expert's group padded to a multiple of BLOCK_M with the sentinel T*k, and the expert of every
+   BLOCK_M block (-1 past the last group). The buffer has the worst-case length
+   T*k + min(T*k, E) * (BLOCK_M - 1), so grids depend only on shapes.
+2. `_moe_gemm_kernel` with GATED=True: per (block, N tile) the gate and up tiles of one expert
+   against the block's token rows, `silu(gate) * up` in the epilogue -> `act [T*k, I]` (pair rows).
+3. The same kernel with GATED=False: `act @ w2[e]^T` times the pair's routing weight -> `[T*k, H]`,
+   then a sum over the k pairs of each token (torch).
+`fused_moe_ref` (runtime/models/moe.py: `fused_moe_torch`) is the reference; CPU runs that.
+Launch configs: `moe_config(m, ...)` by batch bucket; `select_moe_config` times the candidates on
+the GPU at start-up for one layer shape.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from radixlm.kernels._triton import cdiv, dot_flags, interpreting, jit, mma, require_triton, tl
+
+
+class MoEConfig(NamedTuple):
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+# Candidates timed at start-up (GPU): small blocks for decode (few pairs per expert), large for
+# prefill.
+CANDIDATES = (
+    MoEConfig(16, 64, 128, 4, 3),
+    MoEConfig(16, 128, 128, 4, 3),
+    MoEConfig(32, 64, 64, 4, 4),
+    MoEConfig(64, 128, 64, 4, 3),
+    MoEConfig(128, 128, 64, 8, 3),
+)
+INTERPRET_CONFIG = MoEConfig(16, 16, 32, 4, 1)
+
+
+def moe_config(pairs: int) -> MoEConfig:
+    """Default config for `pairs` = T * k (before start-up selection)."""
+    if interpreting() or not torch.cuda.is_available():
+        return INTERPRET_CONFIG
+    if pairs <= 64:
+        return CANDIDATES[0]
+    if pairs <= 1024:
+        return CANDIDATES[2]
+    return CANDIDATES[4]
+
+
+def align_pairs(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sorted_pairs `[L]` int32 (sentinel T*k pads each expert's group), block_expert
+    `[L / block_m]` int32 (-1: unused block))."""
+    flat = topk_ids.reshape(-1).to(torch.int64)
+    n = flat.numel()
+    # NOTE: scatter_add, not bincount (which syncs with the host on CUDA): graph-capturable.
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    ends = torch.cumsum(padded, 0)
+    starts = ends - padded
+    order = torch.argsort(flat, stable=True)
+    expert = flat[order]
+    rank = torch.arange(n, device=flat.device) - (torch.cumsum(counts, 0) - counts)[expert]
+    length = n + min(n, num_experts) * (block_m - 1)
+    length = cdiv(length, block_m) * block_m
+    sorted_pairs = torch.full((length,), n, dtype=torch.int32, device=flat.device)
+    sorted_pairs[starts[expert] + rank] = order.to(torch.int32)
+    block_start = torch.arange(0, length, block_m, device=flat.device)
+    block_expert = torch.searchsorted(ends, block_start, right=True)
+    block_expert = torch.where(block_expert < num_experts, block_expert, -1).to(torch.int32)
+    return sorted_pairs, block_expert
+
+
+@jit
+def _moe_gemm_kernel(
+    A,
+    W,
+    Out,
+    SortedPairs,
+    BlockExpert,
+    TopkWeights,
+    num_pairs,
+    N,
+    K,
+    stride_am,
+    stride_we,
+    stride_wn,
+    stride_om,
+    TOP_K: tl.constexpr,
+    A_PER_TOKEN: tl.constexpr,
+    GATED: tl.constexpr,
+    WEIGHTED: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PREC: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """Out[pair, n] for the BLOCK_M pairs of block program_id(0) (one expert) and the N tile
+    program_id(1). A rows: the pair's token (A_PER_TOKEN: x) or the pair itself (act)."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.load(BlockExpert + pid_m).to(tl.int64)
+    if e >= 0:
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        pairs = tl.load(SortedPairs + offs_m)
+        valid = pairs < num_pairs
+        rows = pairs
+        if A_PER_TOKEN:  # x: the pair's token row
+            rows = pairs // TOP_K
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < N
+        offs_k = tl.arange(0, BLOCK_K)
+        a_ptrs = A + rows[:, None].to(tl.int64) * stride_am + offs_k[None, :]
+        w_base = W + e * stride_we + offs_k[:, None]
+        w_ptrs = w_base + offs_n[None, :].to(tl.int64) * stride_wn
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        if GATED:  # the up rows sit N rows below the gate rows
+            u_ptrs = w_base + (offs_n + N)[None, :].to(tl.int64) * stride_wn
+            acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            mask_k = offs_k < K - k0
+            a = tl.load(a_ptrs, mask=valid[:, None] & mask_k[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+            acc += mma(a, w, PREC, UPCAST)
+            if GATED:
+                u = tl.load(u_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+                acc_u += mma(a, u, PREC, UPCAST)
+                u_ptrs += BLOCK_K
+            a_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+        out_ty = Out.dtype.element_ty
+        if GATED:  # silu(gate) * up, rounded like the torch expression in the output dtype
+            g = acc.to(out_ty).to(tl.float32)
+            # NOTE: the product in fp32 of the two rounded factors, then rounded: what a 16-bit
+            # torch multiply does (and the interpreter cannot multiply bf16 itself).
+            act = (g / (1.0 + tl.exp(-g))).to(out_ty).to(tl.float32)
+            res = (act * acc_u.to(out_ty).to(tl.float32)).to(out_ty)
+        else:
+            res = acc
+            if WEIGHTED:
+                wt = tl.load(TopkWeights + pairs, mask=valid, other=0.0).to(tl.float32)
+                res = res.to(out_ty).to(tl.float32) * wt[:, None]
+            res = res.to(out_ty)
+        o_ptrs = Out + pairs[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+        tl.store(o_ptrs, res, mask=valid[:, None] & mask_n[None, :])
+
+
+def fused_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    config: MoEConfig | None = None,
+) -> torch.Tensor:
+    """Triton fused MoE (see the module docstring); same math as `fused_moe_torch`."""
+    require_triton()
+    t, h = x.shape
+    e, two_i, _ = w13.shape
+    inter = two_i // 2
+    k = topk_ids.shape[1]
+    n = t * k
+    if n == 0:
+        return torch.zeros_like(x)
+    cfg = config or moe_config(n)
+    assert x.stride(1) == 1 and w13.stride(2) == 1 and w2.stride(2) == 1
+    sorted_pairs, block_expert = align_pairs(topk_ids, e, cfg.block_m)
+    blocks = block_expert.numel()
+    act = torch.empty(n, inter, dtype=x.dtype, device=x.device)
+    flags = dot_flags(x.dtype)
+    common = {
+        "TOP_K": k,
+        "BLOCK_M": cfg.block_m,
+        "BLOCK_N": cfg.block_n,
+        "BLOCK_K": cfg.block_k,
+        "num_warps": cfg.num_warps,
+        "num_stages": cfg.num_stages,
+        **flags,
+    }
+    _moe_gemm_kernel[(blocks, cdiv(inter, cfg.block_n))](
+        *(x, w13, act, sorted_pairs, block_expert, topk_weights, n, inter, h),
+        *(x.stride(0), w13.stride(0), w13.stride(1), act.stride(0)),
+        A_PER_TOKEN=True,
+        GATED=True,
+        WEIGHTED=False,
+        **common,
+    )
+    out = torch.empty(n, h, dtype=x.dtype, device=x.device)
+    weights = topk_weights.reshape(-1).contiguous()
+    _moe_gemm_kernel[(blocks, cdiv(h, cfg.block_n))](
+        *(act, w2, out, sorted_pairs, block_expert, weights, n, h, inter),
+        *(act.stride(0), w2.stride(0), w2.stride(1), out.stride(0)),
+        A_PER_TOKEN=False,
+        GATED=False,
+        WEIGHTED=True,
+        **common,
+    )
+    return out.view(t, k, h).sum(dim=1)
+
+
+def select_moe_config(
+    hidden: int, inter: int, experts: int, top_k: int, tokens: int, dtype: torch.dtype
+) -> MoEConfig:
+    """The fastest of `CANDIDATES` for this layer shape at `tokens` tokens (GPU, timed once at
+    start-up on random weights; ties keep the earlier candidate)."""
+    dev = torch.device("cuda")
+    x = torch.randn(tokens, hidden, device=dev, dtype=dtype)
+    w13 = torch.randn(experts, 2 * inter, hidden, device=dev, dtype=dtype) * 0.02
+    w2 = torch.randn(experts, hidden, inter, device=dev, dtype=dtype) * 0.02
+    ids = torch.stack([torch.randperm(experts, device=dev)[:top_k] for _ in range(tokens)])
+    weights = torch.full((tokens, top_k), 1.0 / top_k, device=dev, dtype=dtype)
+    best, best_ms = CANDIDATES[0], float("inf")
+    for cfg in CANDIDATES:
+        try:
+            fused_moe(x, w13, w2, weights, ids, cfg)
+        except Exception:
+            continue
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(5):
+            fused_moe(x, w13, w2, weights, ids, cfg)
+        end.record()
+        torch.cuda.synchronize()
+        ms = start.elapsed_time(end) / 5
+        if ms < best_ms:
+            best, best_ms = cfg, ms
+    return best
