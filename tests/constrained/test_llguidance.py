@@ -199,3 +199,18 @@ def test_rollback_restores_masks(backend):
 
 def torch_equal(a, b) -> bool:
     return bool((a == b).all())
+
+
+def test_bytes_tokenizer_fallback_gives_the_same_masks(llg):
+    """A tokenizer llguidance cannot read directly (not a fast one) is described by its token
+    bytes; the masks are the same as through `llguidance.hf`."""
+    from radixlm.runtime.constrained.llguidance_backend import _lltokenizer_from_bytes
+
+    other = make_compiler(backend="llguidance")
+    other._lltok = _lltokenizer_from_bytes(tokenizer(), llg.vocab_size, llg.eos_ids)
+    spec = GrammarSpec("regex", r'\{"name": "[a-zé]{1,8}"\}')
+    ga, gb = llg.compile(spec), other.compile(spec)
+    for t in [*tokenizer().encode('{"name": "b', add_special_tokens=False), None]:
+        assert torch_equal(allowed_ids(ga), allowed_ids(gb))
+        if t is not None:
+            assert ga.accept(t) and gb.accept(t)
