@@ -175,6 +175,18 @@ def online_softmax(qk, m_i, l_i):
     return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
 
 
+@jit
+def soft_cap(x, cap):
+    """`cap * tanh(x / cap)` (attention-logit soft-capping), tanh written as 2 sigmoid(2y) - 1."""
+    return cap * (2.0 * tl.sigmoid(2.0 * x / cap) - 1.0)
+
+
+# NOTE: a finite "minus infinity" (written as a literal in the kernels) for keys outside a window: a row whose tile holds only
+# such keys gets finite garbage that the first real key's rescale (alpha = 0) wipes; every query
+# row sees its own key, so one always comes. -inf there could give exp2(-inf - -inf) = NaN.
+WINDOW_MASKED = -1.0e30
+
+
 def dot_flags(dtype: object) -> dict[str, object]:
     """Constexpr kwargs (PREC, UPCAST) for `mma` given the operand torch dtype."""
     import torch

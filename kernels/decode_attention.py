@@ -55,6 +55,7 @@ from radixlm.kernels._triton import (
     pdl_launch_args,
     pdl_prologue,
     require_triton,
+    soft_cap,
     tl,
 )
 from radixlm.kernels.decode_merge import (
@@ -84,9 +85,12 @@ def decode_attention_ref(
     sm_scale: float | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Pure-torch reference: per request, gather K/V (dequantised from an FP8 pool) and run a
-    dense fp32 softmax.
+    dense fp32 softmax. `window`: only the last `window` positions; `softcap`: scores ->
+    softcap * tanh(scores / softcap).
 
     A padding lane (seq_len == 0) outputs zeros, like the kernel.
     """
@@ -98,12 +102,15 @@ def decode_attention_ref(
         seq_len = int(seq_lens[b])
         if seq_len == 0:
             continue
-        slots = req_to_token[int(req_pool_indices[b]), :seq_len].long()
+        lo = 0 if window is None else max(0, seq_len - window)
+        slots = req_to_token[int(req_pool_indices[b]), lo:seq_len].long()
         k = dequantize_kv(k_buffer[slots], torch.float32, k_scale)
         v = dequantize_kv(v_buffer[slots], torch.float32, v_scale)
         k = k.repeat_interleave(group, dim=1)  # [S, H, D]
         v = v.repeat_interleave(group, dim=1)
         scores = torch.einsum("hd,shd->hs", q[b].float(), k) * scale
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
         probs = torch.softmax(scores, dim=-1)
         out[b] = torch.einsum("hs,shd->hd", probs, v).to(q.dtype)
     return out
@@ -123,6 +130,7 @@ def _decode_stage1_kernel(
     Out,
     qk_scale,
     v_scale,
+    softcap,
     num_splits,
     stride_qb,
     stride_qh,
@@ -153,6 +161,8 @@ def _decode_stage1_kernel(
     FUSED_MERGE: tl.constexpr,
     FENCE: tl.constexpr,
     USE_PDL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_h = tl.program_id(1) // HEAD_BLOCKS
@@ -163,10 +173,17 @@ def _decode_stage1_kernel(
     # (req_to_token), which the loop's first iteration then takes instead of loading them.
     seq_len = tl.load(SeqLens + b).to(tl.int32)
     req = tl.load(ReqPoolIdx + b).to(tl.int64)
+    r2t_row = ReqToToken + req * stride_r2t
+    if WINDOW > 0:
+        # NOTE: a windowed layer attends to the last WINDOW positions only: the row is shifted
+        # to the window's first slot and the sequence shortened to it (stage 2 does the same);
+        # older slots are never read.
+        lo = tl.maximum(seq_len - WINDOW, 0)
+        r2t_row += lo
+        seq_len -= lo
     split_len, n_valid = split_span(seq_len, num_splits, BLOCK_N)
     n_start = split * split_len
     n_end = tl.minimum(n_start + split_len, seq_len)
-    r2t_row = ReqToToken + req * stride_r2t
     offs_n = tl.arange(0, BLOCK_N)
     first_slots = tl.load(r2t_row + n_start + offs_n, mask=n_start + offs_n < n_end, other=0)
     pdl_prologue(USE_PDL)
@@ -198,6 +215,8 @@ def _decode_stage1_kernel(
                 other=0.0,
             ).to(q.dtype)  # NOTE: a no-op unless the pool is fp8
             qk = mma(q, k, PREC, UPCAST) * qk_scale  # [BLOCK_H, BLOCK_N], log2 units
+            if SOFTCAP:  # capped in natural units (qk_scale has no log2(e) then)
+                qk = soft_cap(qk, softcap) * 1.4426950408889634
             qk = tl.where(mask_n[None, :], qk, float("-inf"))
             p, alpha, m_i, l_i = online_softmax(qk, m_i, l_i)
             v = tl.load(
@@ -307,8 +326,13 @@ def decode_attention_fwd(
     arrivals: torch.Tensor | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """CUDA-graph-safe decode attention into preallocated `out`, `mid_o`, `mid_lse`.
+
+    `window`: a sliding window (the last `window` positions; older slots are not read);
+    `softcap`: attention-logit soft-capping.
 
     `k_scale` / `v_scale`: the dequantisation scales of an FP8 pool (python floats, baked into a
     captured graph); 1.0 for any other pool.
@@ -358,8 +382,9 @@ def decode_attention_fwd(
         *(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse),
         arrivals if fused else seq_lens,
         out,
-        scale * _LOG2E * k_scale,
+        scale * (1.0 if softcap is not None else _LOG2E) * k_scale,
         v_scale,
+        softcap or 1.0,
         num_splits,
         *q.stride()[:2],
         *k_buffer.stride()[:2],
@@ -379,6 +404,8 @@ def decode_attention_fwd(
         FP16_MMA=is_fp8(k_buffer.dtype) and q.dtype == torch.bfloat16,
         FUSED_MERGE=fused,
         FENCE=not interpreting(),
+        WINDOW=window or 0,
+        SOFTCAP=softcap is not None,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch_args(q.device),
@@ -397,6 +424,7 @@ def decode_attention_fwd(
         BLOCK_H=block_h,
         BLOCK_N=block_n,
         **merge_sizes,
+        WINDOW=window or 0,
         num_warps=4,
         **pdl_launch_args(q.device),
     )
@@ -417,6 +445,8 @@ def decode_attention(
     fused_merge: bool = True,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Eager convenience wrapper: allocates the workspace and picks `num_kv_splits`.
 
@@ -438,4 +468,6 @@ def decode_attention(
         arrivals=arrivals if fused_merge else None,
         k_scale=k_scale,
         v_scale=v_scale,
+        window=window,
+        softcap=softcap,
     )

@@ -114,14 +114,18 @@ def decode_stage2_kernel(
     BLOCK_S: tl.constexpr,
     CHUNK: tl.constexpr,
     USE_PDL: tl.constexpr,
+    WINDOW: tl.constexpr = 0,
 ):
-    """The merge as its own kernel, grid (B, num_kv_heads * HEAD_BLOCKS) like stage 1."""
+    """The merge as its own kernel, grid (B, num_kv_heads * HEAD_BLOCKS) like stage 1
+    (`WINDOW`: the sequence a windowed layer attended, its last WINDOW positions)."""
     b = tl.program_id(0)
     kv_h = tl.program_id(1) // HEAD_BLOCKS
     offs_g = (tl.program_id(1) % HEAD_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
     heads = kv_h * GROUP + offs_g
     pdl_prologue(USE_PDL)
     seq_len = tl.load(SeqLens + b).to(tl.int32)
+    if WINDOW > 0:
+        seq_len = tl.minimum(seq_len, WINDOW)
     _, n_valid = split_span(seq_len, num_splits, BLOCK_N)
     if n_valid != 1:  # a single split wrote the output itself
         merge_splits(

@@ -42,6 +42,7 @@ from radixlm.kernels._triton import (
     next_power_of_2,
     online_softmax,
     require_triton,
+    soft_cap,
     tl,
 )
 from radixlm.kernels.store_kv import check_kv_scales, dequantize_kv, is_fp8
@@ -63,9 +64,12 @@ def extend_attention_ref(
     sm_scale: float | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Pure-torch reference: one request at a time, dense fp32 softmax with an explicit mask; the
-    prefix dequantised from the pool, the new tokens from k_extend/v_extend."""
+    prefix dequantised from the pool, the new tokens from k_extend/v_extend. `window`: keys at
+    positions > q - window only; `softcap`: scores -> softcap * tanh(scores / softcap)."""
     num_heads, head_dim = q.shape[1], q.shape[2]
     group = num_heads // k_buffer.shape[1]
     scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
@@ -77,7 +81,8 @@ def extend_attention_ref(
             int(extend_seq_lens[b]),
             int(extend_start_loc[b]),
         )
-        slots = req_to_token[req, :prefix].long()
+        lo = 0 if window is None else max(0, prefix - window + 1)  # older keys are unseen
+        slots = req_to_token[req, lo:prefix].long()
         k_prefix = dequantize_kv(k_buffer[slots], torch.float32, k_scale)
         v_prefix = dequantize_kv(v_buffer[slots], torch.float32, v_scale)
         k = torch.cat([k_prefix, k_extend[start : start + ext].float()])  # [S, kvH, D]
@@ -86,9 +91,13 @@ def extend_attention_ref(
         v = v.repeat_interleave(group, dim=1)
         qb = q[start : start + ext].float()  # [E, H, D]
         scores = torch.einsum("ehd,shd->hes", qb, k) * scale
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
         q_pos = prefix + torch.arange(ext, device=q.device)
-        k_pos = torch.arange(prefix + ext, device=q.device)
+        k_pos = torch.arange(lo, prefix + ext, device=q.device)
         allowed = k_pos[None, :] <= q_pos[:, None]  # [E, S]
+        if window is not None:
+            allowed &= k_pos[None, :] > q_pos[:, None] - window
         scores = scores.masked_fill(~allowed[None], float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         out[start : start + ext] = torch.einsum("hes,shd->ehd", probs, v).to(q.dtype)
@@ -111,6 +120,7 @@ def _extend_attention_kernel(
     qk_scale,
     qk_scale_prefix,
     v_scale,
+    softcap,
     stride_qt,
     stride_qh,
     stride_ket,
@@ -133,6 +143,8 @@ def _extend_attention_kernel(
     PREC: tl.constexpr,
     UPCAST: tl.constexpr,
     V_SCALED: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -163,7 +175,12 @@ def _extend_attention_kernel(
         # Stage 1: the cached prefix, gathered from the pool through req_to_token (its own tile
         # width BLOCK_NP: long prefixes are gather-bound and like wider tiles).
         r2t_row = ReqToToken + req * stride_r2t
-        for n0 in range(0, prefix_len, BLOCK_NP):
+        # NOTE (window): the prefix loop starts at the first key this block's first query sees;
+        # older slots are never read.
+        p_lo = 0
+        if WINDOW > 0:
+            p_lo = tl.maximum(prefix_len + m0 - WINDOW + 1, 0)
+        for n0 in range(p_lo, prefix_len, BLOCK_NP):
             cols = n0 + offs_np
             mask_n = cols < prefix_len
             slots = tl.load(r2t_row + cols, mask=mask_n, other=0).to(tl.int64)
@@ -173,6 +190,11 @@ def _extend_attention_kernel(
                 other=0.0,
             ).to(Q.dtype.element_ty)  # NOTE: a no-op unless the pool is fp8
             qk = mma(q, k, PREC, UPCAST) * qk_scale_prefix
+            if SOFTCAP:
+                qk = soft_cap(qk, softcap) * 1.4426950408889634
+            if WINDOW > 0:
+                seen = cols[None, :] > prefix_len + offs_m[:, None] - WINDOW
+                qk = tl.where(seen, qk, -1.0e30)  # NOTE: see _triton.WINDOW_MASKED
             qk = tl.where(mask_n[None, :], qk, float("-inf"))
             p, alpha, m_i, l_i = online_softmax(qk, m_i, l_i)
             v = tl.load(
@@ -189,10 +211,18 @@ def _extend_attention_kernel(
         # NOTE: relies on BLOCK_M % BLOCK_N == 0 so this loop ends exactly at m0.
         ke_base = KExt + kv_h * stride_keh + offs_d[:, None]
         ve_base = VExt + kv_h * stride_veh + offs_d[None, :]
-        for n0 in range(0, m0, BLOCK_N):
+        a_lo = 0
+        if WINDOW > 0:
+            a_lo = tl.maximum(m0 - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
+        for n0 in range(a_lo, m0, BLOCK_N):
             rows = start + n0 + offs_n
             k = tl.load(ke_base + rows[None, :] * stride_ket, mask=mask_d[:, None], other=0.0)
             qk = mma(q, k, PREC, UPCAST) * qk_scale
+            if SOFTCAP:
+                qk = soft_cap(qk, softcap) * 1.4426950408889634
+            if WINDOW > 0:
+                seen = (n0 + offs_n)[None, :] > offs_m[:, None] - WINDOW
+                qk = tl.where(seen, qk, -1.0e30)  # NOTE: see _triton.WINDOW_MASKED
             p, alpha, m_i, l_i = online_softmax(qk, m_i, l_i)
             v = tl.load(ve_base + rows[:, None] * stride_vet, mask=mask_d[None, :], other=0.0)
             acc = acc * alpha[:, None] + mma(p.to(v.dtype), v, PREC, UPCAST)
@@ -210,6 +240,12 @@ def _extend_attention_kernel(
                 other=0.0,
             )
             qk = mma(q, k, PREC, UPCAST) * qk_scale
+            if SOFTCAP:
+                qk = soft_cap(qk, softcap) * 1.4426950408889634
+            if WINDOW > 0:
+                qk = tl.where(
+                    cols[None, :] > offs_m[:, None] - WINDOW, qk, -1.0e30
+                )  # NOTE: see _triton.WINDOW_MASKED
             causal = (offs_m[:, None] >= cols[None, :]) & mask_n[None, :]
             qk = tl.where(causal, qk, float("-inf"))
             p, alpha, m_i, l_i = online_softmax(qk, m_i, l_i)
@@ -283,8 +319,13 @@ def extend_attention(
     config: ExtendConfig | tuple[int, int, int, int, int] | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Triton extend attention; same math as `extend_attention_ref`. Returns `out` [T, H, D].
+
+    `window`: a sliding window (keys at positions > q - window; older prefix slots are not read);
+    `softcap`: attention-logit soft-capping.
 
     `k_scale` / `v_scale`: the dequantisation scales of an FP8 pool (1.0 for any other pool).
 
@@ -316,15 +357,18 @@ def extend_attention(
     )
     assert cfg.block_m % cfg.block_n == 0
     scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
+    # NOTE: with a soft cap the scores are capped in natural units, then scaled to log2 units.
+    log2e = 1.0 if softcap is not None else _LOG2E
 
     def launch(c: ExtendConfig) -> None:
         grid = (batch, num_heads, cdiv(max_extend_len, c.block_m))
         _extend_attention_kernel[grid](
             *(q, k_extend, v_extend, k_buffer, v_buffer, out, req_to_token, req_pool_indices),
             *(extend_prefix_lens, extend_seq_lens, extend_start_loc),
-            scale * _LOG2E,
-            scale * _LOG2E * k_scale,
+            scale * log2e,
+            scale * log2e * k_scale,
             v_scale,
+            softcap or 1.0,
             *q.stride()[:2],
             *k_extend.stride()[:2],
             *v_extend.stride()[:2],
@@ -340,10 +384,12 @@ def extend_attention(
             BLOCK_NP=c.block_n_prefix,
             **dot_flags(q.dtype),
             V_SCALED=v_scale != 1.0,
+            WINDOW=window or 0,
+            SOFTCAP=softcap is not None,
             num_warps=c.num_warps,
             num_stages=c.num_stages,
         )
 
-    key = ("extend", head_dim, q.dtype, k_buffer.dtype, cfg)
+    key = ("extend", head_dim, q.dtype, k_buffer.dtype, cfg, window, softcap is not None)
     launch_with_fallback(key, launch, cfg, FALLBACK_CONFIG)
     return out

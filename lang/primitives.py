@@ -113,6 +113,9 @@ def select(
         raise ValueError("select() needs a non-empty list of choices")
     if isinstance(choices, str) or not all(isinstance(c, str) for c in choices):
         raise TypeError(f"choices must be a list of strings, got {choices!r}")
+    if "" in choices:
+        # NOTE: the same rule as the `choices` sampling parameter: "" is never a choice.
+        raise ValueError("select() choices must be non-empty strings (got the empty string)")
     return Select(name, tuple(choices), float(temperature), resolve_choices_method(choices_method))
 
 

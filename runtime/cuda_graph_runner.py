@@ -32,6 +32,34 @@ def batch_size_ladder(max_bs: int) -> list[int]:
     return sorted({s for s in sizes if s <= max_bs} | {max_bs})
 
 
+def graph_size(sizes: list[int], bs: int) -> int:
+    """The captured batch size a batch of `bs` rows replays with: the smallest one >= bs."""
+    i = bisect.bisect_left(sizes, bs)
+    if i == len(sizes):
+        raise ValueError(f"batch size {bs} above the largest captured size {sizes[-1]}")
+    return sizes[i]
+
+
+def assembled_in_place(inputs: torch.Tensor, batch: ForwardBatch) -> bool:
+    """Whether every decode input of `batch` is a view of its row of the static `inputs`."""
+    return all(
+        getattr(batch, name).data_ptr() == row.data_ptr()
+        for name, row in zip(DECODE_INPUT_ROWS, inputs)
+    )
+
+
+def stage_inputs(inputs: torch.Tensor, batch: ForwardBatch, size: int) -> None:
+    """Bring `batch` into the static `inputs` `[5, max_bs]` for a replay of the `size` graph:
+    copied in unless assembled there, and the lanes bs..size zeroed (padding: they write the
+    padding slot 0 and attend over nothing, seq_len 0)."""
+    bs = batch.batch_size
+    if not assembled_in_place(inputs, batch):
+        for name, row in zip(DECODE_INPUT_ROWS, inputs):
+            row[:bs].copy_(getattr(batch, name))
+    if size > bs:
+        inputs[:, bs:size].zero_()
+
+
 class CudaGraphRunner:
     def __init__(
         self, model: torch.nn.Module, attn: AttentionBackend, max_bs: int, device: torch.device
@@ -87,23 +115,11 @@ class CudaGraphRunner:
         assert bs <= self.max_bs
         return self.inputs[:, :bs]
 
-    def _assembled_in_place(self, batch: ForwardBatch) -> bool:
-        return all(
-            getattr(batch, name).data_ptr() == row.data_ptr()
-            for name, row in zip(DECODE_INPUT_ROWS, self.inputs)
-        )
-
     @torch.inference_mode()
     def replay(self, batch: ForwardBatch) -> torch.Tensor:
         """Hidden states `[batch_size, hidden]` of a decode batch (a view of static memory)."""
-        bs = batch.batch_size
-        size = self.sizes[bisect.bisect_left(self.sizes, bs)]
-        if not self._assembled_in_place(batch):
-            for name, row in zip(DECODE_INPUT_ROWS, self.inputs):
-                row[:bs].copy_(getattr(batch, name))
-        if size > bs:
-            # the padding slot 0 (out_cache_loc), attend over nothing (seq_len 0)
-            self.inputs[:, bs:size].zero_()
+        size = graph_size(self.sizes, batch.batch_size)
+        stage_inputs(self.inputs, batch, size)
         self.attn.prepare_replay(self.batches[size])
         self.graphs[size].replay()
-        return self.outputs[size][:bs]
+        return self.outputs[size][: batch.batch_size]

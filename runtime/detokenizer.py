@@ -5,6 +5,7 @@ For each request it keeps the text decoded so far and two offsets (SGLang's sche
 UTF-8 sequence (U+FFFD), in which case it waits for more tokens. Stop strings: text that could be
 the start of a stop string is held back while streaming, and at the end the output is cut where the
 matched stop string begins (unless `no_stop_trim`), so no partial stop text ever reaches a caller.
+Which occurrence is the matched one follows stop_match.py's rule, shared with the scheduler.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import zmq
 from radixlm.runtime import io
 from radixlm.runtime.ipc import PortArgs, TypedReceiver, pull_socket, push_socket, send
 from radixlm.runtime.server_args import ServerArgs
+from radixlm.runtime.stop_match import complete_len
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +64,6 @@ class Detokenizer:
                 del self.states[out.rid]
             return io.TextOut(out.rid, "", out.new_ids, out)
         st.ids.extend(out.new_ids)
-        prev_len = len(st.text)
         surr_text = self._decode(st, st.ids[st.surr : st.read])
         new_text = self._decode(st, st.ids[st.surr :])
         if out.finished or (len(new_text) > len(surr_text) and not new_text.endswith("\ufffd")):
@@ -71,10 +72,11 @@ class Detokenizer:
         if out.finished:
             matched = (out.finish_reason or {}).get("matched")
             if isinstance(matched, str) and not st.no_stop_trim:
-                # The stop string ends in this step's text; search there first.
-                pos = st.text.find(matched, max(st.sent, prev_len - len(matched) + 1))
-                if pos < 0:
-                    pos = st.text.find(matched, st.sent)
+                # NOTE: the scheduler matched a stop that ends in the last token's text
+                # (stop_match.py): trim at its earliest such occurrence, never at an earlier one
+                # (e.g. one before min_new_tokens), whether or not the request streamed.
+                before = complete_len(self._decode(st, st.ids[:-1]))
+                pos = st.text.find(matched, max(st.sent, before - len(matched) + 1))
                 if pos >= 0:
                     st.text = st.text[:pos]
             end = len(st.text)

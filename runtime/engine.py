@@ -9,7 +9,9 @@ The user's process hosts the TokenizerManager on a private asyncio loop in a bac
 so the synchronous API works anywhere, Jupyter included (whose own loop is already running).
 The scheduler and detokenizer run in spawned child processes; `shutdown` (also at exit, or when
 the Engine is garbage-collected) stops them. Ctrl-C while waiting aborts the in-flight requests
-and re-raises KeyboardInterrupt; the engine stays usable.
+and re-raises KeyboardInterrupt; the engine stays usable. A request or stream read after (or
+during) `shutdown` raises RequestAbortedError, never hangs; a sync stream's `close()` may come from
+another thread than its reader's (it aborts the stream's requests).
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from radixlm.runtime import request_batch
-from radixlm.runtime.errors import EngineDeadError
+from radixlm.runtime.errors import EngineDeadError, RequestAbortedError
 from radixlm.runtime.launch import EngineProcesses, launch_processes
-from radixlm.runtime.models.default_model import DEFAULT_MODEL_NAME, ModelNotFoundError
+from radixlm.runtime.models.default_model import DEFAULT_MODEL_NAME
+from radixlm.runtime.models.hf_cache import resolve_cached_model
 from radixlm.runtime.process_utils import configure_logging
 from radixlm.runtime.request_batch import RequestBatch
 from radixlm.runtime.server_args import ServerArgs
@@ -71,6 +74,58 @@ def _wait(fut: concurrent.futures.Future, on_interrupt: Any = None) -> Any:
         raise
 
 
+class _SyncStream(Iterator[dict]):
+    """A sync stream over the loop's async stream. Unlike a generator, `close()` may come from
+    another thread while one reads: it cancels the pending read, whose cancellation runs the async
+    stream's `finally` (it aborts the requests); that reader then sees the end of the stream.
+    After `Engine.shutdown()`, a read raises RequestAbortedError at once."""
+
+    def __init__(self, engine: Engine, agen: AsyncIterator[dict]) -> None:
+        self._engine, self._agen = engine, agen
+        self._lock = threading.Lock()
+        self._closed = False
+        self._pending: concurrent.futures.Future | None = None
+
+    def __next__(self) -> dict:
+        with self._lock:
+            if self._closed:
+                raise StopIteration
+            try:
+                loop = self._engine._live_loop()
+            except RequestAbortedError:
+                self._closed = True
+                raise
+            self._pending = fut = loop.submit(self._agen.__anext__())
+        try:
+            return _wait(fut, on_interrupt=self.close)
+        except StopAsyncIteration:
+            self._closed = True
+            raise StopIteration from None
+        except concurrent.futures.CancelledError:
+            if self._closed:  # closed by another thread
+                raise StopIteration from None
+            raise
+        except BaseException:
+            self._closed = True
+            raise
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pending = self._pending
+        if pending is not None and not pending.done():
+            pending.cancel()  # NOTE: cancelling the read closes the async stream (it aborts)
+            return
+        with contextlib.suppress(RequestAbortedError):
+            self._engine._live_loop().submit(self._agen.aclose())
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+
 class Engine:
     def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
         self.server_args = ServerArgs.from_kwargs(model_path=model_path, **kwargs)
@@ -81,9 +136,8 @@ class Engine:
         self._closed = False
         self.tokenizer = None
         if args.load_format != "dummy" and args.model_path and not os.path.exists(args.model_path):
-            raise ModelNotFoundError(
-                f"model path {args.model_path!r} does not exist (models are never downloaded)"
-            )
+            # a HF repo id from the local HF cache, else ModelNotFoundError (never downloads)
+            args = self.server_args = resolve_cached_model(args)
 
         def load_tokenizer() -> None:  # runs while the children start
             # NOTE: imported here, after the spawn: transformers takes ~1 s to import.
@@ -166,28 +220,25 @@ class Engine:
         return request_batch.stream(self.tokenizer_manager, batch)
 
     def _sync_stream(self, batch: RequestBatch) -> Iterator[dict]:
-        loop = self._require_loop()
-        agen = self._stream_all(batch)
-        try:
-            while True:
-                try:
-                    yield _wait(loop.submit(agen.__anext__()))
-                except StopAsyncIteration:
-                    return
-        finally:
-            loop.submit(agen.aclose())
+        return _SyncStream(self, self._stream_all(batch))
+
+    def _live_loop(self) -> _LoopThread:
+        """The loop, or RequestAbortedError once shut down (a stream read then must not hang)."""
+        if self._closed or self._loop is None or not self._loop.loop.is_running():
+            raise RequestAbortedError("the engine is shut down")
+        return self._loop
 
     async def _async_stream(self, batch: RequestBatch) -> AsyncIterator[dict]:
-        loop = self._require_loop()
         agen = self._stream_all(batch)
         try:
             while True:
                 try:
-                    yield await asyncio.wrap_future(loop.submit(agen.__anext__()))
+                    yield await asyncio.wrap_future(self._live_loop().submit(agen.__anext__()))
                 except StopAsyncIteration:
                     return
         finally:
-            loop.submit(agen.aclose())
+            if not self._closed and self._loop is not None:
+                self._loop.submit(agen.aclose())
 
     # ---- control -------------------------------------------------------------------------------
     def _control(self, kind: str) -> dict[str, Any]:

@@ -14,13 +14,14 @@ import psutil
 import torch
 
 from radixlm.kernels.decode_inputs import DECODE_INPUT_ROWS
-from radixlm.runtime.attention.base import AttentionBackend
+from radixlm.runtime.attention.base import AttentionBackend, layer_attention
 from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.forward_batch import ForwardBatch
 from radixlm.runtime.mem.kv_pool import KVPool, ReqToTokenPool
 from radixlm.runtime.models.fp8 import finish_fp8_checkpoint
 from radixlm.runtime.models.llama import Linear, LlamaForCausalLM
 from radixlm.runtime.models.loader import ModelSource
+from radixlm.runtime.models.registry import model_class
 from radixlm.runtime.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -125,8 +126,9 @@ class ModelRunner:
     # ---- setup ---------------------------------------------------------------------------------
     def _load_model(self, source: ModelSource) -> LlamaForCausalLM:
         fused = self.device.type == "cuda" and self.args.attention_backend != "torch"
+        model_cls = model_class(self.config.architecture)  # the registry (registry.py)
         with _default_dtype(self.dtype), torch.device(self.device):
-            model = LlamaForCausalLM(self.config, self.context_len, self.device, fused_ops=fused)
+            model = model_cls(self.config, self.context_len, self.device, fused_ops=fused)
         model.load_weights(
             (name, self._to_model(name, t))
             for name, t in source.iter_weights(self.device, self.dtype)
@@ -146,6 +148,19 @@ class ModelRunner:
             )
         if cuda:
             torch.cuda.empty_cache()  # weights replaced at load: size the KV pool after
+        self.cpu = None
+        self.weight_mode = str(self.dtype).replace("torch.", "")
+        if self.device.type == "cpu":
+            from radixlm.runtime.models.cpu_linear import setup_cpu_model
+
+            quantize = self.args.quantization == "gguf"
+            self.cpu = setup_cpu_model(model, Linear, source.gguf, quantize)
+            self.weight_mode = self.cpu.mode
+            logger.info("CPU linear layers: %s %s", self.cpu.mode, self.cpu.layers)
+            if type(model).compute_logits is not LlamaForCausalLM.compute_logits:
+                self.cpu = self.cpu._replace(head=None)  # NOTE: a model's own logits (softcap...)
+        elif self.args.quantization == "gguf":
+            logger.info("quantization=gguf: on GPU the GGUF weights load de-quantised")
         return model.eval()
 
     def _to_model(self, name: str, t: torch.Tensor) -> torch.Tensor:
@@ -218,10 +233,13 @@ class ModelRunner:
         if name == "triton":
             from radixlm.runtime.attention.triton_backend import TritonAttnBackend
 
-            return TritonAttnBackend(self.kv_pool, self.req_to_token, *shape)
-        from radixlm.runtime.attention.torch_backend import TorchAttnBackend
+            backend: AttentionBackend = TritonAttnBackend(self.kv_pool, self.req_to_token, *shape)
+        else:
+            from radixlm.runtime.attention.torch_backend import TorchAttnBackend
 
-        return TorchAttnBackend(self.kv_pool, self.req_to_token, *shape)
+            backend = TorchAttnBackend(self.kv_pool, self.req_to_token, *shape)
+        backend.set_layer_attention(layer_attention(cfg))  # windows, soft caps, scales
+        return backend
 
     # ---- forward -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -243,4 +261,6 @@ class ModelRunner:
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits `[rows, vocab]`."""
+        if self.cpu is not None and self.cpu.head is not None:
+            return self.cpu.head(hidden).float()
         return self.model.compute_logits(hidden)

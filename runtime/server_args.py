@@ -18,7 +18,7 @@ LOAD_FORMATS = ("auto", "gguf", "safetensors", "dummy")
 DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16", "half", "float")
 ATTENTION_BACKENDS = ("torch", "triton")
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
-QUANTIZATIONS = ("fp8",)
+QUANTIZATIONS = ("fp8", "gguf")
 GRAMMAR_BACKENDS = ("outlines", "llguidance")  # runtime/constrained/setup.py
 
 
@@ -35,7 +35,9 @@ class ServerArgs:
     served_model_name: str | None = None
     random_seed: int | None = None
     # fp8: Linear weights quantized to float8_e4m3 at load (a scale per output channel) and
-    # activations per token at run time (GPU: cuBLASLt FP8 GEMMs; see runtime/models/fp8.py)
+    # activations per token at run time (GPU: cuBLASLt FP8 GEMMs; see runtime/models/fp8.py).
+    # gguf: a GGUF file's Q8_0/Q4_0/Q4_1 linear weights stay quantised on CPU and the CPU kernels
+    # compute on them (runtime/models/cpu_linear.py); on GPU they load de-quantised.
     quantization: str | None = None
     # ---- memory and scheduling ----
     mem_fraction_static: float | None = None  # GPU: fraction of device memory for weights + KV

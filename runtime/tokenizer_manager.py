@@ -40,6 +40,8 @@ from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
+EARLY_ABORT_TTL_S = 60.0  # how long an abort waits for its request to arrive
+EARLY_ABORT_MAX = 1024
 
 
 @dataclass
@@ -109,6 +111,9 @@ class TokenizerManager:
         self.decoder = TypedReceiver(self.recv_sock, io.ToTokenizer)
         self.states: dict[str, ReqState] = {}
         self.control_futures: dict[int, asyncio.Future] = {}
+        # NOTE: an abort can overtake its request (the caller's thread posts it while the request
+        # is still being tokenized): it is kept briefly, by rid, and applied on registration.
+        self.early_aborts: dict[str, float] = {}
         self.control_tokens = itertools.count()
         self.dead: str | None = None
         self.is_alive = is_alive
@@ -177,6 +182,10 @@ class TokenizerManager:
         )
         if sp.stop and self.tokenizer is None:
             raise InvalidRequestError("stop strings need a tokenizer (skip_tokenizer_init)", "stop")
+        if sp.stop_regex and self.tokenizer is None:
+            raise InvalidRequestError(
+                "stop_regex needs a tokenizer (skip_tokenizer_init)", "stop_regex"
+            )
         lsl = req.logprob_start_len
         if lsl is not None and (not isinstance(lsl, int) or lsl < -1 or lsl >= len(ids)):
             raise InvalidRequestError(
@@ -237,6 +246,9 @@ class TokenizerManager:
         timeout = self.args.request_timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         send(self.send_sock, msg)  # type: ignore[arg-type]
+        aborted_at = self.early_aborts.pop(rid, None)
+        if aborted_at is not None and time.monotonic() - aborted_at <= EARLY_ABORT_TTL_S:
+            self.abort(rid)  # sent after the request: the scheduler ends it as aborted
         try:
             while True:
                 wait = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -280,6 +292,13 @@ class TokenizerManager:
     def abort(self, rid: str) -> None:
         if self.dead:
             return
+        if rid and rid not in self.states:
+            now = time.monotonic()
+            for old in [r for r, t in self.early_aborts.items() if now - t > EARLY_ABORT_TTL_S]:
+                del self.early_aborts[old]
+            if len(self.early_aborts) >= EARLY_ABORT_MAX:
+                del self.early_aborts[next(iter(self.early_aborts))]  # the oldest
+            self.early_aborts[rid] = now
         send(self.send_sock, io.AbortReq(rid))  # type: ignore[arg-type]
 
     async def control(self, kind: str, timeout: float = 30.0) -> io.ControlResp:

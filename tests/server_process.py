@@ -32,7 +32,11 @@ def free_port() -> int:
 class ServerProcess:
     """`python -m radixlm.runtime.server.launch_server` (default model) on a free loopback port."""
 
-    def __init__(self, *extra: str, api_key: str | None = None) -> None:
+    def __init__(
+        self, *extra: str, api_key: str | None = None, command: list[str] | None = None
+    ) -> None:
+        """`command` replaces `python -m radixlm.runtime.server.launch_server` (e.g. the
+        `radixlm serve` console script)."""
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
@@ -40,9 +44,7 @@ class ServerProcess:
         args = [*BASE_ARGS, *extra] + (["--api-key", api_key] if api_key else [])
         self.proc = subprocess.Popen(
             [
-                sys.executable,
-                "-m",
-                "radixlm.runtime.server.launch_server",
+                *(command or [sys.executable, "-m", "radixlm.runtime.server.launch_server"]),
                 "--port",
                 str(self.port),
                 *args,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 # Eight prompts of mixed lengths; several share prefixes (chat template, few-shot header).
@@ -63,6 +64,15 @@ def wait_idle_and_check(engine: Any, timeout: float = 30.0) -> dict[str, Any]:
             return engine.check_invariants()
         if time.monotonic() > deadline:
             raise AssertionError(f"engine not idle after {timeout} s: {info}")
+        time.sleep(0.05)
+
+
+def wait_until(cond: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
+    """Poll `cond` until it holds. The timeout is a failsafe against a hang, not a threshold
+    under test: keep it far above any load's delay."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
 
 

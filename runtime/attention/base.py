@@ -10,18 +10,39 @@ CUDA graphs (decode only): `init_graph_state(max_bs)` allocates static metadata 
 `prepare_capture(bs, batch)` points the metadata at them before a capture; `prepare_replay(batch)`
 refreshes their contents in place before each replay. Backends that cannot be captured raise.
 
+Per-layer attention (`LayerAttention`, from the model config: `layer_attention(config)`): a
+sliding window (the query at position p attends to keys at positions > p - window, and the backend
+never reads older slots), attention-logit soft-capping (`cap * tanh(s / cap)`) and the score scale.
+
 Ownership: a backend belongs to one ModelRunner (one scheduler thread); it never owns the pool.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import NamedTuple
 
 import torch
 
 from radixlm.runtime.forward_batch import ForwardBatch
 from radixlm.runtime.mem.kv_pool import KVPool, ReqToTokenPool
+from radixlm.runtime.models.config import ModelConfig
 from radixlm.runtime.models.rotary import RotaryEmbedding
+
+
+class LayerAttention(NamedTuple):
+    window: int | None  # sliding window, None: global
+    softcap: float | None  # attention-logit soft cap, None: none
+    scale: float  # applied to q . k
+
+
+def layer_attention(config: ModelConfig) -> list[LayerAttention]:
+    """Every layer's attention settings."""
+    scale = config.attn_scale if config.attn_scale is not None else config.head_dim**-0.5
+    return [
+        LayerAttention(config.layer_window(i), config.attn_logit_softcap, scale)
+        for i in range(config.num_hidden_layers)
+    ]
 
 
 class AttentionBackend(ABC):
@@ -39,6 +60,16 @@ class AttentionBackend(ABC):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = head_dim**-0.5
+        self.layers: list[LayerAttention] | None = None  # None: global, scale head_dim**-0.5
+
+    def set_layer_attention(self, layers: list[LayerAttention]) -> None:
+        """Per-layer windows / soft caps / scales (before the first forward)."""
+        self.layers = layers
+        plain = LayerAttention(None, None, self.scale)
+        self.plain = all(spec == plain for spec in layers)
+
+    def layer(self, layer: int) -> LayerAttention:
+        return LayerAttention(None, None, self.scale) if self.layers is None else self.layers[layer]
 
     @abstractmethod
     def init_forward_metadata(self, batch: ForwardBatch) -> None: ...

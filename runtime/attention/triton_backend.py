@@ -7,6 +7,7 @@
   DECODE: the same store, then `decode_attention_fwd`: per KV split, one program reads each KV head
           once for its whole GQA group; the last split program of each head block to finish
           merges the splits (one kernel; `arrivals` counts them and is left zeroed).
+Per-layer sliding windows, soft caps and scales (`AttentionBackend.layer`) go to both kernels.
 An FP8 pool's per-layer scales (`kv_pool.k_scale[layer]`, python floats) go to every kernel: the
 stores quantise with them, the attention kernels dequantise (CUDA graphs bake them in at capture).
 The decode workspace `(mid_o, mid_lse)` is carved from one fp32 buffer: sized per batch in eager
@@ -106,6 +107,7 @@ class TritonAttnBackend(AttentionBackend):
     ) -> torch.Tensor:
         assert batch.extend_prefix_lens is not None and batch.extend_seq_lens is not None
         assert batch.extend_start_loc is not None
+        spec = self.layer(layer)
         return extend_attention(
             q,
             k,
@@ -118,13 +120,16 @@ class TritonAttnBackend(AttentionBackend):
             batch.extend_seq_lens,
             batch.extend_start_loc,
             batch.attn_metadata,
-            self.scale,
+            spec.scale,
             k_scale=self.kv_pool.k_scale[layer],
             v_scale=self.kv_pool.v_scale[layer],
+            window=spec.window,
+            softcap=spec.softcap,
         )
 
     def forward_decode(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
         meta: _DecodeMeta = batch.attn_metadata
+        spec = self.layer(layer)
         out = torch.empty_like(q)
         return decode_attention_fwd(
             q,
@@ -136,10 +141,12 @@ class TritonAttnBackend(AttentionBackend):
             out,
             meta.mid_o,
             meta.mid_lse,
-            self.scale,
+            spec.scale,
             arrivals=self._arrivals,
             k_scale=self.kv_pool.k_scale[layer],
             v_scale=self.kv_pool.v_scale[layer],
+            window=spec.window,
+            softcap=spec.softcap,
         )
 
     # ---- CUDA graphs ---------------------------------------------------------------------------

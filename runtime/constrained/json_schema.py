@@ -13,9 +13,13 @@ Pure functions; thread-safe.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from radixlm.runtime.constrained import num_range
+from radixlm.runtime.constrained.json_schema_formats import OWN_FORMATS, SUPPORTED_FORMATS
+from radixlm.runtime.constrained.json_schema_refs import check_refs
+from radixlm.runtime.constrained.regex_python import translate
 from radixlm.runtime.errors import GrammarError
 
 # Assertions that would be silently dropped (outputs could violate them).
@@ -33,32 +37,15 @@ ANNOTATIONS = {
 }  # fmt: skip
 COMBINATORS = ("anyOf", "oneOf", "allOf", "$ref")
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
-_TIME = (
-    r"(2[0-3]|[01][0-9]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-](2[0-3]|[01][0-9]):[0-5][0-9])"
-)
-_DATE = (
-    r"[0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
-    r"|02-(0[1-9]|1[0-9]|2[0-8]))"
-)
-_IPV4_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
-_HEX = "[0-9a-fA-F]"
-_URI_CHARS = r"[a-zA-Z0-9._~%!$&'()*+,;=:@/-]"
-# Formats we write ourselves. outlines-core's versions let invalid outputs through: dates like
-# 2023-02-30 and negative years, a time without offset and a broken fraction, an email with a
-# quoted local part and a URI with unescaped `"` (which end the JSON string early).
-OWN_FORMATS = {
-    "date": f'"{_DATE}"',
-    "time": f'"{_TIME}"',
-    "date-time": f'"{_DATE}T{_TIME}"',
-    "ipv4": f'"({_IPV4_OCTET}\\.){{3}}{_IPV4_OCTET}"',
-    "uuid": f'"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}"',
-    "email": r'"[a-zA-Z0-9._%+-]{1,64}@[a-zA-Z0-9-]{1,63}(\.[a-zA-Z0-9-]{1,63}){0,3}\.[a-zA-Z]{2,24}"',
-    "uri": (
-        rf'"(https?|ftp)://[a-zA-Z0-9.-]{{1,253}}(:[0-9]{{1,5}})?(/{_URI_CHARS}*)?'
-        rf'(\?{_URI_CHARS}*)?(#{_URI_CHARS}*)?"'
-    ),
-}
-SUPPORTED_FORMATS = tuple(OWN_FORMATS)
+# The keywords that apply to one kind of instance only: a branch of a type list keeps its own.
+_BY_KIND = {
+    "string": ("minLength", "maxLength", "pattern", "format"),
+    "number": (*_BOUNDS, "multipleOf"),
+    "object": ("properties", "required", "additionalProperties", "minProperties", "maxProperties",
+               "patternProperties", "propertyNames", "dependentRequired", "dependentSchemas"),
+    "array": ("items", "prefixItems", "minItems", "maxItems", "uniqueItems", "contains"),
+}  # fmt: skip
+_BY_KIND["integer"] = _BY_KIND["number"]
 # The JSON grammar's strings and numbers, as outlines-core writes them; its default whitespace.
 _JSON_STRING = r'"([^"\\\x00-\x1F\x7F-\x9F]|\\["\\/bfnrt])*"'
 _JSON_NUMBER = r"(-)?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-][0-9]+)?"
@@ -76,15 +63,35 @@ def parse_schema(text: str) -> Any:
         raise GrammarError("json_schema must be a JSON object (a schema)", "json_schema")
     import jsonschema
 
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    # NOTE: without `$schema`, a boolean exclusiveMinimum/Maximum can only mean draft 4.
+    default = (
+        jsonschema.Draft4Validator if _draft4_bounds(schema) else jsonschema.Draft202012Validator
+    )
+    cls = jsonschema.validators.validator_for(schema, default=default)
     try:
         cls.check_schema(schema)
     except jsonschema.SchemaError as exc:
         where = "/" + "/".join(map(str, exc.path)) if exc.path else "the root"
+        if exc.validator == "format" and exc.validator_value == "regex":
+            try:  # NOTE: the metaschema's verdict has no reason: ours names the construct
+                translate(str(exc.instance), "json_schema", json_string=True)
+            except GrammarError as named:
+                raise _fail(f"{named} (at {where})") from None
         raise GrammarError(
             f"invalid JSON schema at {where}: {exc.message}", "json_schema"
         ) from None
     return schema
+
+
+def _draft4_bounds(node: Any) -> bool:
+    """Whether a boolean `exclusiveMinimum`/`exclusiveMaximum` (draft 4's form) occurs."""
+    if isinstance(node, dict):
+        if any(isinstance(node.get(k), bool) for k in ("exclusiveMinimum", "exclusiveMaximum")):
+            return True
+        return any(_draft4_bounds(v) for v in node.values())
+    if isinstance(node, list):
+        return any(_draft4_bounds(v) for v in node)
+    return False
 
 
 def any_object_regex(whitespace_pattern: str | None = None, depth: int = 2) -> str:
@@ -119,7 +126,8 @@ def schema_to_regex(text: str, whitespace_pattern: str | None = None) -> str:
     schema = parse_schema(text)
     if _is_any_object(schema):
         return any_object_regex(whitespace_pattern)
-    rewriter = _Rewriter(text)
+    check_refs(schema)
+    rewriter = _Rewriter(text, schema)
     rewritten = rewriter.node(schema, "")
     from outlines_core.json_schema import build_regex_from_schema
 
@@ -133,12 +141,20 @@ def schema_to_regex(text: str, whitespace_pattern: str | None = None) -> str:
     return regex
 
 
+def _json_equal(value: Any, enum: list) -> bool:
+    """`value` is in `enum` by JSON equality (1 == 1.0, True != 1)."""
+    import jsonschema
+
+    return jsonschema.Draft202012Validator({"enum": enum}).is_valid(value)
+
+
 def _fail(message: str) -> GrammarError:
     return GrammarError(message, "json_schema")
 
 
 class _Rewriter:
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, root: Any) -> None:
+        self.root = root
         self.markers: dict[str, str] = {}
         self.base = _MARKER_BASE
         while str(self.base)[:12] in text:  # NOTE: markers must not occur in the user's schema
@@ -150,6 +166,16 @@ class _Rewriter:
         return {"const": value}
 
     def node(self, node: Any, path: str) -> Any:
+        out = self._node(node, path)
+        if isinstance(node, dict) and isinstance(out, dict):
+            # NOTE: definitions stay where `$ref` pointers expect them, also when the node itself
+            # is replaced (a marker, an intersected enum, the anyOf of a type list).
+            for key in ("$defs", "definitions"):
+                if isinstance(node.get(key), dict) and key not in out:
+                    out[key] = {k: self.node(v, f"{path}/{key}/{k}") for k, v in node[key].items()}
+        return out
+
+    def _node(self, node: Any, path: str) -> Any:
         if node is True:
             return {}
         if node is False:
@@ -165,30 +191,33 @@ class _Rewriter:
                 f"unsupported JSON-schema feature: remote $ref {node['$ref']!r} at {path or '/'}"
             )
         self._check_combinators(node, path)
+        if "enum" in node or "const" in node:
+            return self._enum(node, path)
         types = node.get("type")
-        if isinstance(types, list) and len(types) > 1 and any(k in node for k in _BOUNDS):
-            rest = {k: v for k, v in node.items() if k != "type"}
-            return self.node({"anyOf": [{**rest, "type": t} for t in types]}, path)
-        kind = types[0] if isinstance(types, list) and len(types) == 1 else types
-        if "enum" not in node and "const" not in node:
-            # NOTE: plain integers/numbers too: outlines-core's are unbounded in length.
-            if kind == "integer":
-                lo, hi = num_range.integer_bounds(node)
-                try:
-                    return self.marker(num_range.integer_regex(lo, hi))
-                except ValueError as exc:
-                    raise _fail(f"integer bounds at {path or '/'}: {exc}") from None
-            if kind == "number":
-                try:
-                    return self.marker(num_range.number_regex(node))
-                except ValueError as exc:
-                    raise _fail(
-                        f"unsupported JSON-schema feature: {exc} at {path or '/'}"
-                    ) from None
-            if kind == "string":
-                fmt = self._string(node, path)
-                if fmt is not None:
-                    return fmt
+        if isinstance(types, list):
+            types = list(dict.fromkeys(types))
+            if len(types) > 1:
+                # NOTE: every type of a list takes the path of a single type (checks, rewrites),
+                # with the keywords that apply to it; outlines-core alone would drop some.
+                return self.node({"anyOf": [self._branch(node, t) for t in types]}, path)
+            node["type"] = types = types[0]
+        kind = types
+        # NOTE: plain integers/numbers too: outlines-core's are unbounded in length.
+        if kind == "integer":
+            lo, hi = num_range.integer_bounds(node)
+            try:
+                return self.marker(num_range.integer_regex(lo, hi))
+            except ValueError as exc:
+                raise _fail(f"integer bounds at {path or '/'}: {exc}") from None
+        if kind == "number":
+            try:
+                return self.marker(num_range.number_regex(node))
+            except ValueError as exc:
+                raise _fail(f"unsupported JSON-schema feature: {exc} at {path or '/'}") from None
+        if kind == "string":
+            fmt = self._string(node, path)
+            if fmt is not None:
+                return fmt
         if kind == "object" or "properties" in node:
             self._object(node, path)
         if kind == "array" or "items" in node or "prefixItems" in node:
@@ -206,6 +235,49 @@ class _Rewriter:
                 node["additionalProperties"], f"{path}/additionalProperties"
             )
         return node
+
+    def _branch(self, node: dict, kind: str) -> dict:
+        """The schema of one type of a type list: the node's keywords minus other kinds' own."""
+        foreign = {k for other, kws in _BY_KIND.items() if other != kind for k in kws}
+        foreign -= set(_BY_KIND.get(kind, ()))
+        foreign |= {"$defs", "definitions"}  # NOTE: they stay on the node (see `node`)
+        return {**{k: v for k, v in node.items() if k not in foreign}, "type": kind}
+
+    def _enum(self, node: dict, path: str) -> dict:
+        """`enum`/`const` intersected with the keywords beside them: only the listed values that
+        validate against the whole node are kept (GrammarError when none is left)."""
+        import jsonschema
+
+        keyword = "const" if "const" in node else "enum"
+        values = [node["const"]] if "const" in node else list(node["enum"])
+        rest = {k: v for k, v in node.items() if k not in ("enum", "const", "format")}
+        cls = jsonschema.validators.validator_for(self.root, jsonschema.Draft202012Validator)
+        validator = cls(self.root).evolve(schema=rest)
+        fmt = node.get("format")
+        if fmt is not None and fmt not in OWN_FORMATS:
+            raise _fail(
+                f"unsupported JSON-schema feature: string format {fmt!r} at {path or '/'} "
+                f"(supported: {', '.join(SUPPORTED_FORMATS)})"
+            )
+        kept = []
+        for value in values:
+            if "enum" in node and "const" in node and not _json_equal(value, node["enum"]):
+                continue
+            if not validator.is_valid(value):
+                continue
+            if (
+                fmt is not None
+                and isinstance(value, str)
+                and not re.fullmatch(OWN_FORMATS[fmt], json.dumps(value))
+            ):
+                continue
+            kept.append(value)
+        if not kept:
+            raise _fail(
+                f"unsupported JSON-schema feature: '{keyword}' at {path or '/'} has no value "
+                f"that satisfies the keywords beside it ({sorted(set(rest) - ANNOTATIONS)})"
+            )
+        return {"enum": kept}
 
     def _check_combinators(self, node: dict, path: str) -> None:
         present = [k for k in COMBINATORS if k in node]
@@ -229,12 +301,20 @@ class _Rewriter:
         if "pattern" in node and lengths:
             raise _fail(f"unsupported JSON-schema feature: pattern with {lengths} at {path or '/'}")
         if "pattern" in node:
-            from radixlm.runtime.constrained.patterns import check_regex
-
-            pattern = str(node["pattern"]).removeprefix("^")
-            if pattern.endswith("$") and not pattern.endswith("\\$"):
-                pattern = pattern[:-1]
-            check_regex(pattern, "json_schema")
+            if fmt is not None:
+                raise _fail(
+                    f"unsupported JSON-schema feature: format {fmt!r} with pattern at {path or '/'}"
+                )
+            pattern = node["pattern"]
+            if not pattern:
+                return self.marker(_JSON_STRING)  # NOTE: "" matches every string
+            # NOTE: the pattern constrains the *decoded* value (re.search semantics): its JSON-
+            # escaped form is generated, so `.` never emits a raw `"` and `\n` becomes `\\n`.
+            try:
+                body = translate(pattern, "json_schema", json_string=True)
+            except GrammarError as exc:
+                raise _fail(f"{exc} (the pattern at {path or '/'})") from None
+            return self.marker(f'"{body}"')
         if fmt is None:
             return None
         if "pattern" in node or lengths:

@@ -182,7 +182,7 @@ class GrammarManager:
             return None
         sp = req.sampling_params
         # NOTE: jumped tokens have no logprobs, and stop strings/ids are checked per sampled token.
-        if req.return_logprob or sp.stop or sp.stop_token_ids:
+        if req.return_logprob or sp.stop or sp.stop_regex or sp.stop_token_ids:
             return None
         compiler = self.compiler
         vocab = getattr(compiler, "vocab", None)

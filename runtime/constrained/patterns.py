@@ -4,24 +4,22 @@
 a 400 at once) and what the compile workers call again; `spec_to_regex` is the same work returning
 the regex. Both are pure, cached (LRU) and thread-safe.
 
-Regexes are checked with interegular (syntax, and the constructs a DFA cannot express: group
-references, look-arounds) and with Python's `re` (e.g. `a{2,1}`); outlines-core builds the FSM
-with Rust's regex syntax, which agrees on everything that passes both checks except a few
-Unicode class details.
+A regex means what Python's `re` reads (`re.fullmatch` semantics): `regex_python.translate`
+parses it with Python's parser, refuses by name what an automaton cannot express or what other
+dialects read differently, and re-writes the rest in the plain syntax outlines-core compiles.
 """
 
 from __future__ import annotations
 
 import functools
-import re
 
 from radixlm.runtime.constrained.base import GrammarSpec
 from radixlm.runtime.constrained.json_schema import schema_to_regex
+from radixlm.runtime.constrained.regex_python import translate
 from radixlm.runtime.errors import GrammarError
 
 MAX_PATTERN_CHARS = 100_000
 MAX_CHOICES = 4096
-_LOOKAROUND = re.compile(r"(?<!\\)(?:\\\\)*\(\?<?[=!]")
 # Characters with a meaning in regex syntax (the rest are literal in Rust regex and interegular).
 _META = set("\\.+*?()|[]{}^$")
 
@@ -36,31 +34,14 @@ def choices_regex(choices: tuple[str, ...]) -> str:
     return "(" + "|".join(escape_literal(c) for c in choices) + ")"
 
 
-def check_regex(pattern: str, field: str = "regex") -> None:
-    """Raise GrammarError when `pattern` is not a regex radixlm can compile."""
+def check_regex(pattern: str, field: str = "regex") -> str:
+    """The regex outlines-core compiles for a user `pattern`; GrammarError when it cannot be
+    honoured."""
     if not isinstance(pattern, str) or not pattern:
         raise GrammarError(f"{field} must be a non-empty string", field)
     if len(pattern) > MAX_PATTERN_CHARS:
         raise GrammarError(f"{field} is longer than {MAX_PATTERN_CHARS} characters", field)
-    shown = pattern if len(pattern) <= 80 else pattern[:77] + "..."
-    if _LOOKAROUND.search(pattern):
-        raise GrammarError(
-            f"unsupported regex feature in {shown!r}: look-around assertions ((?=...), (?!...), "
-            "(?<=...), (?<!...)) cannot be expressed by a finite automaton",
-            field,
-        )
-    import interegular
-
-    try:
-        interegular.parse_pattern(pattern)
-    except interegular.patterns.Unsupported as exc:
-        raise GrammarError(f"unsupported regex feature in {shown!r}: {exc}", field) from None
-    except Exception as exc:  # interegular raises InvalidSyntax and plain Exceptions
-        raise GrammarError(f"invalid regex {shown!r}: {exc or type(exc).__name__}", field) from None
-    try:
-        re.compile(pattern)
-    except re.error as exc:
-        raise GrammarError(f"invalid regex {shown!r}: {exc}", field) from None
+    return translate(pattern, field)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -68,12 +49,13 @@ def spec_to_regex(spec: GrammarSpec, whitespace_pattern: str | None = None) -> s
     """The regex of the spec's language (raises GrammarError)."""
     if spec.kind == "regex":
         assert isinstance(spec.value, str)
-        check_regex(spec.value)
-        return spec.value
+        return check_regex(spec.value)
     if spec.kind == "json_schema":
         assert isinstance(spec.value, str)
         if whitespace_pattern:  # NOTE: "" is valid: compact JSON, no whitespace at all
-            check_regex(whitespace_pattern, "constrained_json_whitespace_pattern")
+            whitespace_pattern = check_regex(
+                whitespace_pattern, "constrained_json_whitespace_pattern"
+            )
         return schema_to_regex(spec.value, whitespace_pattern)
     if spec.kind == "choices":
         choices = spec.value
@@ -82,6 +64,7 @@ def spec_to_regex(spec: GrammarSpec, whitespace_pattern: str | None = None) -> s
             or not choices
             or not all(isinstance(c, str) and c for c in choices)
         ):
+            # NOTE: the same rule as `rl.select`: the empty string is never a choice.
             raise GrammarError("choices must be a non-empty list of non-empty strings", "choices")
         if len(choices) > MAX_CHOICES:
             raise GrammarError(f"at most {MAX_CHOICES} choices are supported", "choices")

@@ -1,4 +1,6 @@
-"""Model configuration: the subset of a Hugging Face `config.json` the Llama-family decoders need."""
+"""Model configuration: the subset of a Hugging Face `config.json` the registered decoders need
+(`runtime/models/registry.py`): Llama-family shapes plus per-layer attention windows, logit
+soft-capping, qk-norm and mixture-of-experts settings."""
 
 from __future__ import annotations
 
@@ -7,15 +9,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-}
+from radixlm.runtime.models.registry import ARCHITECTURES, UnsupportedModelError, arch_from_hf
 
-
-class UnsupportedModelError(ValueError):
-    """The checkpoint's architecture or one of its settings is not implemented."""
+SUPPORTED_ARCHITECTURES = {name: info.model_type for name, info in ARCHITECTURES.items()}
+__all__ = ["SUPPORTED_ARCHITECTURES", "ModelConfig", "UnsupportedModelError"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +38,19 @@ class ModelConfig:
     eos_token_id: tuple[int, ...] = (2,)
     torch_dtype: str = "float32"
     quantization: str | None = None  # "fp8": the checkpoint stores FP8 weights (see below)
+    # Per layer: its sliding window (keys at positions > q - window), None for a global layer;
+    # empty when no layer is windowed.
+    layer_windows: tuple[int | None, ...] = ()
+    attn_logit_softcap: float | None = None  # scores -> cap * tanh(scores / cap) (Gemma 2)
+    final_logit_softcap: float | None = None
+    attn_scale: float | None = None  # None: head_dim ** -0.5 (Gemma: query_pre_attn_scalar)
+    rope_local_theta: float | None = None  # rotary base of windowed layers (Gemma 3)
+    hidden_act: str = "silu"
+    num_experts: int = 0  # mixture-of-experts MLP when > 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True  # renormalise the top-k routing weights to sum to 1
+    moe_layers: tuple[bool, ...] = ()  # per layer: sparse MLP (True) or dense
     hf_config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -57,40 +67,34 @@ class ModelConfig:
 
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
-        archs = cfg.get("architectures") or []
-        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
-        if arch is None:
-            by_type = {v: k for k, v in SUPPORTED_ARCHITECTURES.items()}
-            arch = by_type.get(cfg.get("model_type", ""))
-        if arch is None:
-            raise UnsupportedModelError(
-                f"unsupported architecture {archs or cfg.get('model_type')!r}; "
-                f"supported: {sorted(SUPPORTED_ARCHITECTURES)}"
-            )
+        arch = arch_from_hf(cfg)
+        model_type = ARCHITECTURES[arch].model_type
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
+        layers = int(cfg["num_hidden_layers"])
         eos = cfg.get("eos_token_id", 2)
         eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
-        rope_scaling = cfg.get("rope_scaling")
-        rope_theta = cfg.get("rope_theta")
-        if rope_theta is None and isinstance(cfg.get("rope_parameters"), dict):
-            # transformers >= 5 nests rope settings under `rope_parameters`.
-            params = cfg["rope_parameters"]
-            rope_theta = params.get("rope_theta")
-            if params.get("rope_type", "default") != "default":
-                rope_scaling = params
+        rope_theta, rope_scaling, local_theta = _rope_settings(cfg)
         if rope_scaling is not None:
             kind = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
-            if kind not in ("default", "linear", "llama3"):
+            allowed = ("default", "linear", "llama3") + (
+                ("longrope",) if model_type == "phi3" else ()
+            )
+            if kind not in allowed:
                 raise UnsupportedModelError(f"unsupported rope_scaling type {kind!r}")
+        if float(cfg.get("partial_rotary_factor") or 1.0) != 1.0:
+            raise UnsupportedModelError("partial rotary embeddings are not supported")
         window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+        window = int(window) if window else None
         dtype = cfg.get("torch_dtype") or cfg.get("dtype") or "float32"
+        scalar = cfg.get("query_pre_attn_scalar") if model_type.startswith("gemma") else None
+        experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
         return cls(
             architecture=arch,
             vocab_size=int(cfg["vocab_size"]),
             hidden_size=hidden,
             intermediate_size=int(cfg["intermediate_size"]),
-            num_hidden_layers=int(cfg["num_hidden_layers"]),
+            num_hidden_layers=layers,
             num_attention_heads=heads,
             num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
             head_dim=int(cfg.get("head_dim") or hidden // heads),
@@ -98,15 +102,33 @@ class ModelConfig:
             rope_theta=float(rope_theta if rope_theta is not None else 10000.0),
             rope_scaling=rope_scaling,
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            tie_word_embeddings=bool(
+                cfg.get("tie_word_embeddings", model_type.startswith("gemma"))
+            ),
             attention_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
-            sliding_window=int(window) if window else None,
+            sliding_window=window,
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=eos_ids,
             torch_dtype=str(dtype).replace("torch.", ""),
             quantization=checkpoint_quantization(cfg.get("quantization_config")),
+            layer_windows=_layer_windows(cfg, model_type, layers, window),
+            attn_logit_softcap=_opt_float(cfg.get("attn_logit_softcapping")),
+            final_logit_softcap=_opt_float(cfg.get("final_logit_softcapping")),
+            attn_scale=None if scalar is None else float(scalar) ** -0.5,
+            rope_local_theta=local_theta,
+            hidden_act=str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"),
+            num_experts=experts,
+            num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
+            moe_intermediate_size=int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"])
+            if experts
+            else 0,
+            norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+            moe_layers=_moe_layers(cfg, layers) if experts else (),
             hf_config=dict(cfg),
         )
+
+    def layer_window(self, layer: int) -> int | None:
+        return self.layer_windows[layer] if self.layer_windows else None
 
     @classmethod
     def from_path(cls, path: str) -> ModelConfig:
@@ -138,6 +160,67 @@ class ModelConfig:
         if self.model_type == "llama":
             out["attention_bias"] = self.attention_bias
         return out
+
+
+def _opt_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _rope_settings(cfg: dict[str, Any]) -> tuple[float | None, dict | None, float | None]:
+    """(rope_theta, rope_scaling of the global layers, rotary base of windowed layers) from a
+    config of transformers 4 (`rope_theta`, `rope_scaling`, `rope_local_base_freq`) or 5
+    (`rope_parameters`, possibly one dict per layer type)."""
+    theta, scaling = cfg.get("rope_theta"), cfg.get("rope_scaling")
+    local = cfg.get("rope_local_base_freq")
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict) and "full_attention" in params:
+        local_params = params.get("sliding_attention") or {}
+        local = local_params.get("rope_theta", local)
+        params = params["full_attention"]
+    if theta is None and isinstance(params, dict):
+        theta = params.get("rope_theta")
+        if params.get("rope_type", "default") != "default":
+            scaling = params
+    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) == "default":
+        scaling = None
+    return theta, scaling, None if local is None else float(local)
+
+
+def _layer_windows(
+    cfg: dict[str, Any], model_type: str, layers: int, window: int | None
+) -> tuple[int | None, ...]:
+    """Per-layer sliding windows from `layer_types` (transformers >= 4.5x), else each
+    architecture's rule: Gemma 2 alternates (even layers windowed), Gemma 3 windows all but every
+    `sliding_window_pattern`-th layer, Qwen windows layers >= `max_window_layers`, Mistral /
+    Mixtral / Phi-3 every layer."""
+    if window is None:
+        return ()
+    types = cfg.get("layer_types")
+    if types:
+        sliding = [t == "sliding_attention" for t in types]
+    elif model_type == "gemma2":
+        sliding = [i % 2 == 0 for i in range(layers)]
+    elif model_type == "gemma3_text":
+        pattern = int(cfg.get("sliding_window_pattern", 6))
+        sliding = [(i + 1) % pattern != 0 for i in range(layers)]
+    elif model_type.startswith("qwen"):
+        first = int(cfg.get("max_window_layers", 0))
+        sliding = [i >= first for i in range(layers)]
+    elif model_type == "llama":
+        sliding = [False] * layers
+    else:
+        sliding = [True] * layers
+    if not any(sliding):
+        return ()
+    return tuple(window if s else None for s in sliding)
+
+
+def _moe_layers(cfg: dict[str, Any], layers: int) -> tuple[bool, ...]:
+    """Qwen3-MoE: layers in `mlp_only_layers` are dense, the rest sparse every
+    `decoder_sparse_step`-th layer; Mixtral: every layer sparse."""
+    dense = set(cfg.get("mlp_only_layers") or [])
+    step = int(cfg.get("decoder_sparse_step") or 1)
+    return tuple(i not in dense and (i + 1) % step == 0 for i in range(layers))
 
 
 def checkpoint_quantization(qcfg: dict[str, Any] | None) -> str | None:

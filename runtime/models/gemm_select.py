@@ -37,6 +37,30 @@ def bucket_of(m: int) -> int | None:
     return None
 
 
+def pick_config(
+    base_ms: float, timed: list[tuple[dict[str, Any], float | None]]
+) -> tuple[dict[str, Any] | None, float]:
+    """(config, ms) of the fastest Triton config, kept only if it beats cuBLAS (`base_ms`) by
+    at least 1 - MIN_GAIN; else (None, base_ms): cuBLAS. A config timed None could not run."""
+    best, best_ms = None, base_ms
+    for cfg, ms in timed:
+        if ms is not None and ms < best_ms and ms < base_ms * MIN_GAIN:
+            best, best_ms = cfg, ms
+    return best, best_ms
+
+
+def group_by_shape(
+    model: torch.nn.Module, linear_cls: type
+) -> dict[tuple[Any, ...], list[torch.nn.Module]]:
+    """The `linear_cls` modules of `model` by (out, in, gated, weight dtype): one choice each."""
+    groups: dict[tuple[Any, ...], list[torch.nn.Module]] = {}
+    for module in model.modules():
+        if isinstance(module, linear_cls):
+            key = (*module.weight.shape, module.gated_output, module.weight.dtype)
+            groups.setdefault(key, []).append(module)
+    return groups
+
+
 def graph_time_ms(calls: list[Callable[[], Any]], device: torch.device) -> float:
     """GPU time of running `calls` once each in order, replayed from a CUDA graph (the best of
     `_ROUNDS` means over `_REPLAYS` replays)."""
@@ -80,15 +104,14 @@ def _choose(
     w = layers[0].weight
     x = torch.randn(m, w.shape[1], device=w.device, dtype=dtype)
     base = _layer_ms(layers, x, None)
-    best, best_ms = None, base
+    timed: list[tuple[dict[str, Any], float | None]] = []
     for cfg in FP8_GEMV_CONFIGS if layers[0].fp8 else GEMV_CONFIGS:
         try:
-            ms = _layer_ms(layers, x, cfg)
+            timed.append((cfg, _layer_ms(layers, x, cfg)))
         except Exception:  # a config that cannot run on this device is skipped
             logger.debug("GEMV config %s failed", cfg, exc_info=True)
-            continue
-        if ms < best_ms and ms < base * MIN_GAIN:
-            best, best_ms = cfg, ms
+            timed.append((cfg, None))
+    best, best_ms = pick_config(base, timed)
     per_layer = 1e3 / len(layers)
     report = {
         "m": m,
@@ -104,13 +127,8 @@ def select_decode_gemms(
 ) -> dict[str, Any]:
     """Set `small_m_cfg` of every `linear_cls` module (inputs of `dtype`, the model's); returns a
     timing report per group."""
-    groups: dict[tuple[Any, ...], list[torch.nn.Module]] = {}
-    for module in model.modules():
-        if isinstance(module, linear_cls):
-            key = (*module.weight.shape, module.gated_output, module.weight.dtype)
-            groups.setdefault(key, []).append(module)
     summary: dict[str, Any] = {}
-    for (n, k, gated, w_dtype), layers in groups.items():
+    for (n, k, gated, w_dtype), layers in group_by_shape(model, linear_cls).items():
         picked = [_choose(layers, m, dtype) for m in BUCKETS]
         name = f"{n}x{k}{'_gated' if gated else ''}{'_fp8' if w_dtype.itemsize == 1 else ''}"
         summary[name] = [report for _, report in picked]

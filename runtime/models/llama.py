@@ -7,7 +7,7 @@ into one matmul each; weights load from Hugging Face names (see `load_weights`, 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +50,9 @@ class Linear(nn.Module):
         self.small_m_cfg: list[dict | None] | None = None
         self.fp8 = False
         self.weight_scale: torch.Tensor | None = None
+        # NOTE: set on CPU after loading (runtime/models/cpu_linear.py): the kernel and weight
+        # form this layer runs there; None elsewhere.
+        self.cpu_impl: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def prepare_fp8_storage(self) -> None:
         """Make the weight receive an FP8 checkpoint's rows: float8_e4m3fn, with an fp32 scale
@@ -80,6 +83,8 @@ class Linear(nn.Module):
         return None if bucket is None else self.small_m_cfg[bucket]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cpu_impl is not None:
+            return self._activate(self.cpu_impl(x))
         cfg = self.gemv_cfg(x.shape[0])
         if cfg is None:
             return self.forward_default(x)

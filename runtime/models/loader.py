@@ -15,6 +15,7 @@ import torch
 from radixlm.runtime.models.config import ModelConfig, UnsupportedModelError
 from radixlm.runtime.models.default_model import ModelNotFoundError, default_model_path
 from radixlm.runtime.models.gguf_file import GGUFFile
+from radixlm.runtime.models.hf_cache import is_repo_id, local_model_path
 from radixlm.runtime.models.presets import PRESETS
 
 
@@ -40,6 +41,8 @@ class ModelSource:
 def resolve_model(model_path: str | None, load_format: str = "auto") -> ModelSource:
     path = model_path or default_model_path()
     if load_format == "dummy":
+        if is_repo_id(path) and path not in PRESETS:
+            path = local_model_path(path)  # its config.json from the local HF cache
         if path in PRESETS:
             return ModelSource(path, "dummy", ModelConfig.from_hf_dict(PRESETS[path]))
         if os.path.exists(path) and not path.endswith(".gguf"):
@@ -50,10 +53,7 @@ def resolve_model(model_path: str | None, load_format: str = "auto") -> ModelSou
         raise ModelNotFoundError(
             f"dummy weights need a preset ({', '.join(sorted(PRESETS))}) or a config path; got {path!r}"
         )
-    if not os.path.exists(path):
-        raise ModelNotFoundError(
-            f"model path {path!r} does not exist (models are never downloaded)"
-        )
+    path = local_model_path(path)  # a HF repo id: its cached snapshot (never downloaded)
     if path.endswith(".gguf") or load_format == "gguf":
         gguf = GGUFFile(path)
         return ModelSource(path, "gguf", gguf_config(gguf), gguf)
@@ -136,13 +136,14 @@ def _iter_gguf(gguf: GGUFFile, cfg: ModelConfig) -> Iterator[tuple[str, torch.Te
             _, layer, part, kind = name.split(".", 3)
             if permute and part in ("attn_q", "attn_k") and kind == "weight":
                 heads = cfg.num_attention_heads if part == "attn_q" else cfg.num_key_value_heads
-                data = _unpermute(data, heads)
+                data = unpermute_rows(data, heads)
             yield f"model.layers.{layer}.{_GGUF_NAMES[part]}.{kind}", data
         else:
             raise KeyError(f"unexpected GGUF tensor {name!r}")
 
 
-def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
+def unpermute_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """Undo llama.cpp's q/k row interleave (any trailing shape: values or GGUF block rows)."""
     rows = w.shape[0]
     return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
@@ -166,30 +167,56 @@ def _iter_safetensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
 def _iter_dummy(
     cfg: ModelConfig, device: torch.device, dtype: torch.dtype
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Random weights of the config's shapes, generated on the target device (seeded)."""
+    """Random weights of the config's shapes under its checkpoint names, generated on the target
+    device (seeded). Norm weights are the identity: ones, zeros for Gemma's `(1 + w)` norms."""
     gen = torch.Generator(device=device).manual_seed(0)
     h, i = cfg.hidden_size, cfg.intermediate_size
+    mt = cfg.model_type
+    gemma = mt.startswith("gemma")
 
     def rand(*shape: int, scale: float = 0.02) -> torch.Tensor:
         t = torch.empty(shape, device=device, dtype=torch.float32)
         return t.uniform_(-scale, scale, generator=gen).to(dtype)
 
+    def norm(size: int) -> torch.Tensor:
+        return (torch.zeros if gemma else torch.ones)(size, device=device, dtype=dtype)
+
+    norms = ["input_layernorm", "post_attention_layernorm"]
+    if gemma:
+        norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
     yield "model.embed_tokens.weight", rand(cfg.vocab_size, h, scale=1.0)
     for layer in range(cfg.num_hidden_layers):
         p = f"model.layers.{layer}."
-        yield p + "self_attn.q_proj.weight", rand(cfg.q_size, h)
-        yield p + "self_attn.k_proj.weight", rand(cfg.kv_size, h)
-        yield p + "self_attn.v_proj.weight", rand(cfg.kv_size, h)
+        if mt == "phi3":  # fused in the checkpoint
+            yield p + "self_attn.qkv_proj.weight", rand(cfg.q_size + 2 * cfg.kv_size, h)
+        else:
+            yield p + "self_attn.q_proj.weight", rand(cfg.q_size, h)
+            yield p + "self_attn.k_proj.weight", rand(cfg.kv_size, h)
+            yield p + "self_attn.v_proj.weight", rand(cfg.kv_size, h)
         if cfg.attention_bias:
             yield p + "self_attn.q_proj.bias", rand(cfg.q_size)
             yield p + "self_attn.k_proj.bias", rand(cfg.kv_size)
             yield p + "self_attn.v_proj.bias", rand(cfg.kv_size)
+        if mt in ("qwen3", "qwen3_moe", "gemma3_text"):  # qk-norm
+            yield p + "self_attn.q_norm.weight", norm(cfg.head_dim)
+            yield p + "self_attn.k_norm.weight", norm(cfg.head_dim)
         yield p + "self_attn.o_proj.weight", rand(h, cfg.q_size)
-        yield p + "mlp.gate_proj.weight", rand(i, h)
-        yield p + "mlp.up_proj.weight", rand(i, h)
-        yield p + "mlp.down_proj.weight", rand(h, i)
-        yield p + "input_layernorm.weight", torch.ones(h, device=device, dtype=dtype)
-        yield p + "post_attention_layernorm.weight", torch.ones(h, device=device, dtype=dtype)
-    yield "model.norm.weight", torch.ones(h, device=device, dtype=dtype)
+        if cfg.num_experts and cfg.moe_layers[layer]:
+            e_i = cfg.moe_intermediate_size
+            yield p + "mlp.gate.weight", rand(cfg.num_experts, h)
+            for e in range(cfg.num_experts):
+                yield p + f"mlp.experts.{e}.gate_proj.weight", rand(e_i, h)
+                yield p + f"mlp.experts.{e}.up_proj.weight", rand(e_i, h)
+                yield p + f"mlp.experts.{e}.down_proj.weight", rand(h, e_i)
+        elif mt == "phi3":
+            yield p + "mlp.gate_up_proj.weight", rand(2 * i, h)
+            yield p + "mlp.down_proj.weight", rand(h, i)
+        else:
+            yield p + "mlp.gate_proj.weight", rand(i, h)
+            yield p + "mlp.up_proj.weight", rand(i, h)
+            yield p + "mlp.down_proj.weight", rand(h, i)
+        for name in norms:
+            yield p + f"{name}.weight", norm(h)
+    yield "model.norm.weight", norm(h)
     if not cfg.tie_word_embeddings:
         yield "lm_head.weight", rand(cfg.vocab_size, h)

@@ -45,6 +45,9 @@ def load_hf_weights(
     kv_scales: dict[int, list[float]] = {}
     qkv_offsets = {"q": (0, cfg.q_size), "k": (cfg.q_size, cfg.kv_size)}
     qkv_offsets["v"] = (cfg.q_size + cfg.kv_size, cfg.kv_size)
+    # NOTE: other architectures (registry.py) may map names themselves (`checkpoint_target(key)
+    # -> (target, rows) | None`) and count their tensors (`expected_weight_count()`).
+    mapper = getattr(model, "checkpoint_target", None)
     for name, tensor in weights:
         if "rotary_emb" in name or name.endswith(".input_scale"):
             continue
@@ -56,12 +59,15 @@ def load_hf_weights(
             )
             continue
         target, rows = key, None
-        for proj in ("q", "k", "v"):
+        mapped = mapper(key) if mapper is not None else None
+        if mapped is not None:  # an architecture's own names (experts, fused checkpoints)
+            target, rows = mapped
+        for proj in ("q", "k", "v") if mapped is None else ():
             part = f"self_attn.{proj}_proj."
             if part in key:
                 target = key.replace(part, "self_attn.qkv_proj.")
                 rows = qkv_offsets[proj]
-        for i, proj in enumerate(("gate", "up")):
+        for i, proj in enumerate(("gate", "up") if mapped is None else ()):
             part = f"mlp.{proj}_proj."
             if part in key:
                 target = key.replace(part, "mlp.gate_up_proj.")
@@ -87,7 +93,8 @@ def load_hf_weights(
             raise ValueError(f"{name!r}: {prefix} mixes FP8 and unquantised parts")
         dst.copy_(tensor)
         loaded.add(f"{target}:{rows}")
-    expected = _expected_count(cfg)
+    counter = getattr(model, "expected_weight_count", None)
+    expected = counter() if counter is not None else _expected_count(cfg)
     if len(loaded) != expected:
         raise ValueError(f"checkpoint is incomplete: loaded {len(loaded)} of {expected} tensors")
     if fp8_parts != scale_parts:

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from radixlm.runtime.errors import InvalidRequestError
+from radixlm.runtime.sampling.compat_params import check_stop_regex, check_unsupported
 
 _MAX_STOP_STRINGS = 256
 _MAX_STOP_LEN = 2048
@@ -18,6 +19,8 @@ class SamplingParams:
     min_new_tokens: int = 0
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
+    # Python `re` patterns searched in the last STOP_REGEX_WINDOW tokens' text after each token.
+    stop_regex: list[str] = field(default_factory=list)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
@@ -36,6 +39,10 @@ class SamplingParams:
     choices: list[str] | None = None
     ebnf: str | None = None
     logit_bias: dict[str, float] | None = None
+    # SGLang's names radixlm accepts only at their defaults (see compat_params.py).
+    structural_tag: str | None = None
+    custom_params: dict[str, Any] | None = None
+    stream_interval: int | None = None
 
     @classmethod
     def from_dict(
@@ -51,6 +58,7 @@ class SamplingParams:
                 "unknown sampling parameter 'max_tokens' (did you mean 'max_new_tokens'?)",
                 "max_tokens",
             )
+        check_unsupported(params)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(params) - known)
         if unknown:
@@ -107,7 +115,7 @@ class SamplingParams:
             if not isinstance(getattr(self, name), bool):
                 raise InvalidRequestError(f"{name} must be a boolean", name)
         if self.seed is not None:
-            _int(self, "seed", lo=0, hi=2**63 - 1)
+            _int(self, "seed", lo=-(2**63), hi=2**63 - 1)  # any int64, as OpenAI
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
@@ -128,6 +136,7 @@ class SamplingParams:
             raise InvalidRequestError(
                 "stop_token_ids must be a list of token ids within the vocabulary", "stop_token_ids"
             )
+        self.stop_regex = check_stop_regex(self.stop_regex)
         if len(self.stop_token_ids) > _MAX_STOP_STRINGS:
             raise InvalidRequestError("stop_token_ids: too many ids", "stop_token_ids")
         constraints = [k for k in ("regex", "json_schema", "choices", "ebnf") if getattr(self, k)]
@@ -164,7 +173,8 @@ class SamplingParams:
                     )
 
 
-_NULLABLE = {"seed", "regex", "json_schema", "choices", "ebnf", "logit_bias"}
+_NULLABLE = {"seed", "regex", "json_schema", "choices", "ebnf", "logit_bias", "stream_interval",
+             "structural_tag", "custom_params"}  # fmt: skip
 
 
 def _is_int(v: Any) -> bool:

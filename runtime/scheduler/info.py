@@ -23,6 +23,7 @@ class SchedulerInfo:
             "chunked_prefill_size": self.chunk_size or -1,
             "device": str(self.device),
             "dtype": str(self.runner.dtype).replace("torch.", ""),
+            "weight_mode": self.runner.weight_mode,  # e.g. float32, bfloat16, Q4_1 (CPU)
             "attention_backend": type(self.runner.attn).__name__,
             "vocab_size": cfg.vocab_size,
             "eos_token_ids": list(self.eos_ids),

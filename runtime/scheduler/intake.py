@@ -95,6 +95,10 @@ class RequestIntake:
             )
         if sp.stop and self.tokenizer is None:
             raise InvalidRequestError("stop strings need a tokenizer (skip_tokenizer_init)", "stop")
+        if sp.stop_regex and self.tokenizer is None:
+            raise InvalidRequestError(
+                "stop_regex needs a tokenizer (skip_tokenizer_init)", "stop_regex"
+            )
         # NOTE: constraints are checked (again) and compiled by the grammar workers.
 
     def abort(self, rid: str) -> None:

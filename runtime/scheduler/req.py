@@ -13,7 +13,9 @@ from typing import Any
 
 import torch
 
+from radixlm.runtime.sampling.compat_params import STOP_REGEX_WINDOW, first_stop_regex_match
 from radixlm.runtime.sampling.sampling_params import SamplingParams
+from radixlm.runtime.stop_match import StopChecker, max_stop_bytes
 
 
 class Req:
@@ -45,7 +47,7 @@ class Req:
         self.eos_ids = () if sp.ignore_eos else eos_ids
         self.stop_token_ids = set(sp.stop_token_ids)
         self.stop_ids_for_min_tokens = tuple(eos_ids) + tuple(sp.stop_token_ids)
-        self.max_stop_len = max((len(s) for s in sp.stop), default=0)
+        self.max_stop_bytes = max_stop_bytes(sp.stop)
         self.generator = None
         if not sp.is_greedy:
             # NOTE: on the device the logits live on (a CPU generator cannot drive CUDA noise).
@@ -109,8 +111,8 @@ class Req:
         return max(self.sampling_params.max_new_tokens - len(self.output_ids), 0)
 
     # ---- stop conditions -------------------------------------------------------------------------
-    def check_finished(self, tokenizer: Any, context_len: int) -> None:
-        """Called after a token was appended to `output_ids`."""
+    def check_finished(self, stops: StopChecker | None, context_len: int) -> None:
+        """Called after a token was appended to `output_ids` (`stops`: None without a tokenizer)."""
         if self.finished_reason is not None:
             return
         sp = self.sampling_params
@@ -126,14 +128,28 @@ class Req:
             if last in self.eos_ids or last in self.stop_token_ids:
                 self.finished_reason = {"type": "stop", "matched": last}
                 return
-            if sp.stop and tokenizer is not None:
-                tail = tokenizer.decode(
-                    self.output_ids[-(self.max_stop_len + 1) :], skip_special_tokens=False
+            if sp.stop and stops is not None:
+                # NOTE: only a stop that ends in this token's text counts (stop_match.py), decoded
+                # as the user sees it: the detokenizer trims by the same rule.
+                stop = stops.match(
+                    self.output_ids,
+                    sp.stop,
+                    self.max_stop_bytes,
+                    sp.skip_special_tokens,
+                    sp.spaces_between_special_tokens,
                 )
-                for stop in sp.stop:
-                    if stop in tail:
-                        self.finished_reason = {"type": "stop", "matched": stop}
-                        return
+                if stop is not None:
+                    self.finished_reason = {"type": "stop", "matched": stop}
+                    return
+            if sp.stop_regex and stops is not None:
+                tail = stops.tokenizer.decode(
+                    self.output_ids[-STOP_REGEX_WINDOW:],
+                    skip_special_tokens=sp.skip_special_tokens,
+                )
+                matched = first_stop_regex_match(sp.stop_regex, tail)
+                if matched is not None:  # NOTE: the detokenizer trims at the matched text
+                    self.finished_reason = {"type": "stop", "matched": matched}
+                    return
         if n >= sp.max_new_tokens:
             self.finished_reason = {"type": "length", "length": sp.max_new_tokens}
         elif self.seqlen >= context_len:

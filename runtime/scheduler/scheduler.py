@@ -54,6 +54,7 @@ from radixlm.runtime.scheduler.schedule_batch import (
     prepare_extend,
 )
 from radixlm.runtime.server_args import ServerArgs
+from radixlm.runtime.stop_match import StopChecker
 from radixlm.runtime.tokenizer import load_server_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ class Scheduler(RequestIntake, OverlapDecode, SchedulerInfo):
         self.device = self.runner.device
         self.transfer = HostTransfer(self.device)
         self.tokenizer = load_server_tokenizer(args, source.gguf)
+        self.stops = StopChecker(self.tokenizer) if self.tokenizer is not None else None
         self.eos_ids = tuple(self.config.eos_token_id)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_ids = tuple(dict.fromkeys((*self.eos_ids, self.tokenizer.eos_token_id)))
@@ -327,7 +329,7 @@ class Scheduler(RequestIntake, OverlapDecode, SchedulerInfo):
             req.output_logprobs.append(logprobs[k])
             if req.top_logprobs_num and top is not None:
                 req.output_top.append(top[k][: req.top_logprobs_num])
-        req.check_finished(self.tokenizer, self.context_len)
+        req.check_finished(self.stops, self.context_len)
 
     def finish_extend(self, batch: ScheduleBatch) -> None:
         for req in batch.reqs:

@@ -24,7 +24,7 @@ from starlette.responses import Response
 
 import radixlm
 from radixlm.runtime.errors import RadixLMError
-from radixlm.runtime.server import native_api, openai_api
+from radixlm.runtime.server import compat_api, native_api, openai_api
 from radixlm.runtime.server.errors import ApiError, to_api_error
 from radixlm.runtime.server.http_utils import ClientDisconnected, error_response
 from radixlm.runtime.server.metrics import ServerMetrics
@@ -76,6 +76,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.state.server = state
     app.include_router(native_api.router)
     app.include_router(openai_api.router)
+    app.include_router(compat_api.router)
     app.add_middleware(GuardMiddleware, state=state)
     _add_error_handlers(app, state)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

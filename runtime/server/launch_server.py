@@ -30,6 +30,7 @@ import uvicorn
 from radixlm.runtime.errors import RadixLMError
 from radixlm.runtime.launch import launch_processes
 from radixlm.runtime.models.default_model import ModelNotFoundError
+from radixlm.runtime.models.hf_cache import resolve_cached_model
 from radixlm.runtime.process_utils import configure_logging
 from radixlm.runtime.server.metrics import HEALTH_RID_PREFIX
 from radixlm.runtime.server.state import ServerState
@@ -137,8 +138,11 @@ def serve_main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     configure_logging(args.log_level)
     if args.load_format != "dummy" and args.model_path and not os.path.exists(args.model_path):
-        logger.error("model path %r does not exist (models are never downloaded)", args.model_path)
-        return 2
+        try:  # a HF repo id from the local HF cache (never downloads)
+            args = resolve_cached_model(args)
+        except FileNotFoundError as exc:
+            logger.error("%s", exc)
+            return 2
     box: dict[str, Any] = {}
 
     def while_starting() -> None:

@@ -34,6 +34,7 @@ from radixlm.runtime.server.http_utils import (
     run_until_disconnect,
     sse_event,
 )
+from radixlm.runtime.server.logprob_tokens import TokenBytes
 from radixlm.runtime.server.openai_protocol import ChatCompletionRequest, CompletionRequest
 from radixlm.runtime.server.openai_serving import (
     RENAME_CHAT,
@@ -88,14 +89,15 @@ async def completions(request: Request) -> Response:
         n = len(batch.groups[0])
         model = body.model or state.model_name
         want_lp = body.logprobs is not None
+        tb = TokenBytes.of(state.tokenizer) if want_lp else None
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             conv = fmt.StreamConverter(
-                False, model, n, len(batch.flat), include_usage, want_lp, echo
+                False, model, n, len(batch.flat), include_usage, want_lp, echo, tb
             )
             return await _stream(request, state, batch, conv, RENAME_COMPLETION)
         results = await run_until_disconnect(request, request_batch.collect(state.engine, batch))
-        return json_response(fmt.completion_response(results, n, model, echo, want_lp))
+        return json_response(fmt.completion_response(results, n, model, echo, want_lp, tb))
     except RadixLMError as exc:
         raise to_api_error(exc, RENAME_COMPLETION) from exc
 
@@ -111,13 +113,14 @@ async def chat_completions(request: Request) -> Response:
         batch = chat_batch(body, state)
         model = body.model or state.model_name
         want_lp = bool(body.logprobs)
+        tb = TokenBytes.of(state.tokenizer) if want_lp else None
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             total = len(batch.flat)
-            conv = fmt.StreamConverter(True, model, total, total, include_usage, want_lp)
+            conv = fmt.StreamConverter(True, model, total, total, include_usage, want_lp, None, tb)
             return await _stream(request, state, batch, conv, rename)
         results = await run_until_disconnect(request, request_batch.collect(state.engine, batch))
-        return json_response(fmt.chat_response(results, model, want_lp))
+        return json_response(fmt.chat_response(results, model, want_lp, tb))
     except RadixLMError as exc:
         raise to_api_error(exc, rename) from exc
 

@@ -5,6 +5,7 @@ counts each prompt once (its first sample), completions of every choice, and rep
 tokens served from the prefix cache as `prompt_tokens_details.cached_tokens`. finish_reason is
 "stop" (EOS or a stop string / token), "length", or "abort" (SGLang's, for aborted requests);
 `matched_stop` (SGLang's extension) is the stop string or token id that ended the choice.
+Logprob tokens are shown by `logprob_tokens.py` (exact bytes, unique strings, stable offsets).
 Threading: pure functions plus `StreamConverter`, which one streaming response owns.
 """
 
@@ -13,6 +14,8 @@ from __future__ import annotations
 import time
 import uuid
 from typing import Any
+
+from radixlm.runtime.server.logprob_tokens import CharOffsets, TokenBytes, token_str
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
@@ -43,57 +46,76 @@ def usage(metas: list[dict[str, Any]], n: int) -> dict[str, Any]:
     }
 
 
-def _entry(lp: float | None, text: str | None) -> dict[str, Any]:
-    text = text or ""
-    return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8", "replace"))}
+def _raw(tid: int, text: str | None, tb: TokenBytes | None) -> bytes:
+    """The token's exact bytes (its decoded text's without a tokenizer table)."""
+    return tb.bytes_of(tid) if tb is not None else (text or "").encode("utf-8")
 
 
-def chat_logprobs(meta: dict[str, Any], start: int = 0) -> dict[str, Any]:
+def _entry(lp: float | None, tid: int, text: str | None, tb: TokenBytes | None) -> dict[str, Any]:
+    raw = _raw(tid, text, tb)
+    return {"token": token_str(raw), "logprob": lp, "bytes": list(raw)}
+
+
+def chat_logprobs(
+    meta: dict[str, Any], start: int = 0, tb: TokenBytes | None = None
+) -> dict[str, Any]:
     """`choice.logprobs` of chat: per output token from `start`, with its top alternatives."""
     tops = meta.get("output_top_logprobs") or []
     content = []
-    for k, (lp, _tid, text) in enumerate(meta.get("output_token_logprobs", [])[start:], start):
+    for k, (lp, tid, text) in enumerate(meta.get("output_token_logprobs", [])[start:], start):
         row = tops[k] if k < len(tops) and tops[k] else []
-        content.append({**_entry(lp, text), "top_logprobs": [_entry(v, t) for v, _, t in row]})
+        alts = [_entry(v, t, txt, tb) for v, t, txt in row]
+        content.append({**_entry(lp, tid, text, tb), "top_logprobs": alts})
     return {"content": content}
 
 
 def completion_logprobs(
-    meta: dict[str, Any], start: int, with_input: bool, offset: int
+    meta: dict[str, Any],
+    start: int,
+    offsets: CharOffsets,
+    tb: TokenBytes | None = None,
+    with_input: bool = False,
 ) -> dict[str, Any]:
-    """Legacy `choice.logprobs` (tokens, token_logprobs, top_logprobs, text_offset); `offset` is
-    the character position of the first token (text_offset counts from the choice's start)."""
-    rows: list[tuple[Any, Any]] = []
+    """Legacy `choice.logprobs` (tokens, token_logprobs, top_logprobs, text_offset) of the output
+    tokens from `start` (and, `with_input`, of the echoed prompt first, its offsets from 0).
+    NOTE: `offsets` has consumed the output tokens before `start` (a stream keeps one per choice;
+    its base is the echoed prompt's length), so offsets do not depend on the chunking."""
+    rows: list[tuple[Any, Any, CharOffsets, bool]] = []
     if with_input:
-        in_tops = meta.get("input_top_logprobs") or []
+        in_tops, prompt = meta.get("input_top_logprobs") or [], CharOffsets()
         for k, triple in enumerate(meta.get("input_token_logprobs", [])):
-            rows.append((triple, in_tops[k] if k < len(in_tops) else None))
+            rows.append((triple, in_tops[k] if k < len(in_tops) else None, prompt, True))
     out_tops = meta.get("output_top_logprobs") or []
     for k, triple in enumerate(meta.get("output_token_logprobs", [])[start:], start):
-        rows.append((triple, out_tops[k] if k < len(out_tops) else None))
-    tokens, values, tops, offsets = [], [], [], []
-    for (lp, _tid, text), top in rows:
-        tokens.append(text or "")
+        rows.append((triple, out_tops[k] if k < len(out_tops) else None, offsets, False))
+    tokens, values, tops, text_offset = [], [], [], []
+    for (lp, tid, text), top, chars, shown in rows:
+        raw = _raw(tid, text, tb)
+        tokens.append(token_str(raw))
         values.append(lp)
-        tops.append({t or "": v for v, _, t in top} if top else None)
-        offsets.append(offset)
-        offset += len(text or "")
+        tops.append({token_str(_raw(t, txt, tb)): v for v, t, txt in top} if top else None)
+        # NOTE: the output's special tokens are not in its text (skip_special_tokens).
+        visible = shown or tb is None or not tb.is_special(tid)
+        text_offset.append(chars.next(raw if visible else b""))
     return {
         "tokens": tokens,
         "token_logprobs": values,
         "top_logprobs": tops,
-        "text_offset": offsets,
+        "text_offset": text_offset,
     }
 
 
 def completion_response(
-    results: list[dict[str, Any]], n: int, model: str, echo: list[str] | None, logprobs: bool
-) -> dict[str, Any]:
+    results: list[dict[str, Any]], n: int, model: str, echo: list[str] | None, logprobs: bool,
+    tb: TokenBytes | None = None,
+) -> dict[str, Any]:  # fmt: skip
     choices = []
     for i, r in enumerate(results):
         meta = r["meta_info"]
         prefix = echo[i // n] if echo is not None else ""
-        lp = completion_logprobs(meta, 0, echo is not None, 0) if logprobs else None
+        lp = None
+        if logprobs:
+            lp = completion_logprobs(meta, 0, CharOffsets(len(prefix)), tb, echo is not None)
         choices.append({"index": i, "text": prefix + r["text"], "logprobs": lp,
                         "finish_reason": finish_reason(meta), "matched_stop": matched_stop(meta)})  # fmt: skip
     return {
@@ -106,14 +128,16 @@ def completion_response(
     }
 
 
-def chat_response(results: list[dict[str, Any]], model: str, logprobs: bool) -> dict[str, Any]:
+def chat_response(
+    results: list[dict[str, Any]], model: str, logprobs: bool, tb: TokenBytes | None = None
+) -> dict[str, Any]:
     choices = []
     for i, r in enumerate(results):
         meta = r["meta_info"]
         choices.append({
             "index": i,
             "message": {"role": "assistant", "content": r["text"], "tool_calls": None},
-            "logprobs": chat_logprobs(meta) if logprobs else None,
+            "logprobs": chat_logprobs(meta, 0, tb) if logprobs else None,
             "finish_reason": finish_reason(meta),
             "matched_stop": matched_stop(meta),
         })  # fmt: skip
@@ -131,9 +155,11 @@ class StreamConverter:
     """Engine stream chunks (cumulative text, `index` for n > 1 / batches) -> OpenAI chunks."""
 
     def __init__(self, chat: bool, model: str, n: int, total: int, include_usage: bool,
-                 logprobs: bool, echo: list[str] | None = None) -> None:  # fmt: skip
+                 logprobs: bool, echo: list[str] | None = None,
+                 tb: TokenBytes | None = None) -> None:  # fmt: skip
         self.chat, self.model, self.n, self.total = chat, model, n, total
-        self.include_usage, self.logprobs, self.echo = include_usage, logprobs, echo
+        self.include_usage, self.logprobs, self.echo, self.tb = include_usage, logprobs, echo, tb
+        self.offsets: dict[int, CharOffsets] = {}  # per choice: text_offset across chunks
         self.id = make_id("chatcmpl" if chat else "cmpl")
         self.created = int(time.time())
         self.sent_chars: dict[int, int] = {}
@@ -170,10 +196,13 @@ class StreamConverter:
         lp = None
         if self.logprobs:
             if self.chat:
-                lp = chat_logprobs(meta, lp_start)
+                lp = chat_logprobs(meta, lp_start, self.tb)
             else:
                 with_input = first and self.echo is not None
-                lp = completion_logprobs(meta, lp_start, with_input, prev)
+                if i not in self.offsets:
+                    base = len(self.echo[i // self.n]) if self.echo is not None else 0
+                    self.offsets[i] = CharOffsets(base)
+                lp = completion_logprobs(meta, lp_start, self.offsets[i], self.tb, with_input)
         if first and self.echo is not None:
             delta = self.echo[i // self.n] + delta
         has_lp = lp is not None and bool(lp.get("content") or lp.get("tokens"))

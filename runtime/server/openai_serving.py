@@ -49,6 +49,10 @@ _SAME_NAME = (
 def sampling_params(
     req: CompletionRequest | ChatCompletionRequest, max_new_tokens: int
 ) -> dict[str, Any]:
+    if req.stream_options is not None and not req.stream:
+        raise ApiError(  # NOTE: OpenAI's 400 too
+            400, "stream_options is only allowed when stream is true", "stream_options"
+        )
     sp: dict[str, Any] = {"max_new_tokens": max_new_tokens}
     for name in _SAME_NAME:
         value = getattr(req, name)

@@ -64,7 +64,7 @@ class FakeCompiler(GrammarCompiler):
         self.calls.append(str(spec.value))
         self.threads.add(threading.current_thread().name)
         if str(spec.value).startswith("block"):
-            self.release.wait(10)
+            self.release.wait(120)  # released by the test
         time.sleep(self.delay)
         if spec.value == "bad":
             raise GrammarError("cannot compile regex 'bad': nope", "regex")
@@ -130,11 +130,12 @@ def test_timeout_counts_compile_time_not_queue_time():
     mgr.submit(blocked[2], GrammarSpec("regex", "block2"))
     queued = FakeReq("queued")
     mgr.submit(queued, GrammarSpec("regex", "fast"))
-    time.sleep(0.6)
-    ready, failed = mgr.poll()
+    # poll until the three blocked requests are reported (they never finish: only the timeout
+    # can end them); the queued one waits behind the blocked workers all along
+    ready, failed = wait_poll(mgr, 3, timeout=60)
     timed_out = {r.rid for r, m in failed if "grammar_compile_timeout=0.3" in m}
     assert timed_out == {"blocked0", "blocked1", "blocked2"}
-    assert queued not in [r for r, _ in failed]  # it has not started: no timeout yet
+    assert queued not in [*ready, *(r for r, _ in failed)]  # not started: no timeout yet
     compiler.release.set()
     ready, failed = wait_poll(mgr, 1)
     assert ready == [queued] and not failed

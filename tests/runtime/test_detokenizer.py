@@ -6,6 +6,7 @@ import pytest
 
 from radixlm.runtime import io
 from radixlm.runtime.detokenizer import Detokenizer
+from radixlm.runtime.stop_match import StopChecker, max_stop_bytes
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +63,52 @@ def test_no_stop_trim_keeps_the_stop_string(tokenizer) -> None:
     )
     out.no_stop_trim = True
     assert detok.process(out).text_delta == "a b STOP"
+
+
+def _first_stop(checker, ids, stops, min_new_tokens=0, skip_special=True):
+    """The scheduler's loop: check after every appended token; (token count, stop) or None."""
+    nbytes = max_stop_bytes(stops)
+    for n in range(1, len(ids) + 1):
+        if n >= min_new_tokens:
+            stop = checker.match(ids[:n], stops, nbytes, skip_special, True)
+            if stop is not None:
+                return n, stop
+    return None
+
+
+@pytest.mark.parametrize("text, stop", [("我喜欢吃爆米花", "爆"), ("great 😄 day", "😄"),
+                                        ("日本語のテキスト", "のテ")])  # fmt: skip
+def test_stop_strings_of_multi_token_characters_match(tokenizer, text, stop) -> None:
+    ids = tokenizer.encode(text)
+    found = _first_stop(StopChecker(tokenizer), ids, [stop])
+    assert found is not None and found[1] == stop
+    # It fires at the token that completes the stop string, not later.
+    assert stop in tokenizer.decode(ids[: found[0]]) and stop not in tokenizer.decode(
+        ids[: found[0] - 1]
+    )
+    out = _out("mt", ids[: found[0]], True, {"type": "stop", "matched": stop}, True, [stop])
+    assert Detokenizer(tokenizer).process(out).text_delta == text[: text.index(stop)]
+
+
+def test_stop_after_min_new_tokens_keeps_the_text_before_it(tokenizer) -> None:
+    """An occurrence before min_new_tokens never counts; the detokenizer trims at the one that
+    did, streamed or not (it used to search from the start: ' Paris')."""
+    ids = tokenizer.encode(" Paris. It is big. Yes")
+    n, stop = _first_stop(StopChecker(tokenizer), ids, ["."], min_new_tokens=4)
+    assert tokenizer.decode(ids[:n]) == " Paris. It is big."
+    reason = {"type": "stop", "matched": stop}
+    whole = _out("m1", ids[:n], True, reason, True, ["."])
+    assert Detokenizer(tokenizer).process(whole).text_delta == " Paris. It is big"
+    deltas = _stream(Detokenizer(tokenizer), "m2", ids[:n], stop=["."], reason=reason)
+    assert "".join(deltas) == " Paris. It is big"
+
+
+def test_stop_check_sees_the_text_without_special_tokens(tokenizer) -> None:
+    """`<|im_end|>` between "." and "\\n" is not in the output text: the stop "53.\\n" matches."""
+    ids = [*tokenizer.encode("It is 53."), tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    ids += tokenizer.encode("\nMore")
+    checker = StopChecker(tokenizer)
+    n, _ = _first_stop(checker, ids, ["53.\n"])
+    assert tokenizer.decode(ids[:n], skip_special_tokens=True) == "It is 53.\n"
+    # Shown with its special tokens, the text has no "53.\n": no match.
+    assert _first_stop(checker, ids, ["53.\n"], skip_special=False) is None

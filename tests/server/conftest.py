@@ -39,9 +39,11 @@ INVARIANT_TIMEOUT_S = 30.0
 _BASELINES: dict[int, dict[str, Any]] = {}
 
 
-def start_tracked(*extra: str, api_key: str | None = None) -> ServerProcess:
+def start_tracked(
+    *extra: str, api_key: str | None = None, command: list[str] | None = None
+) -> ServerProcess:
     """Start a server, wait until ready, and record its baseline (children, sockets)."""
-    server = ServerProcess(*extra, api_key=api_key)
+    server = ServerProcess(*extra, api_key=api_key, command=command)
     try:
         server.wait_ready()
     except BaseException:
@@ -56,8 +58,10 @@ def start_server() -> Iterator[Callable[..., ServerProcess]]:
     """Factory: start a server for this module (stopped at the end of the module)."""
     started: list[ServerProcess] = []
 
-    def start(*extra: str, api_key: str | None = None) -> ServerProcess:
-        server = start_tracked(*extra, api_key=api_key)
+    def start(
+        *extra: str, api_key: str | None = None, command: list[str] | None = None
+    ) -> ServerProcess:
+        server = start_tracked(*extra, api_key=api_key, command=command)
         started.append(server)
         return server
 

@@ -24,6 +24,9 @@ N_REQUESTS = 1000
 CONCURRENCY = 256
 SEED = 1234
 MAX_NEW = 16
+# A constrained request gets room for its whole answer (the regex, the schema's JSON and the
+# choices are each a few tokens long), so most of them must end with "stop" and be validated.
+CONSTRAINED_MAX_NEW = 48
 # A leak of even a few KiB per request would show over 500 requests: the second half of the run
 # must not grow the processes' resident memory by more than this (allocator noise included).
 RSS_GROWTH_LIMIT_MB = 64.0
@@ -66,6 +69,8 @@ def build_requests(n: int, seed: int) -> list[tuple[str, dict[str, Any]]]:
         stream = rng.random() < 0.5
         constrained = rng.random() < 0.25
         max_new = rng.randint(1, MAX_NEW)
+        if constrained:
+            max_new = CONSTRAINED_MAX_NEW
         greedy = rng.random() < 0.7
         sampling: dict[str, Any] = {"temperature": 0.0} if greedy else {"temperature": 0.8,
                                                                           "seed": i}  # fmt: skip
@@ -104,8 +109,9 @@ def build_requests(n: int, seed: int) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def check_complete(outcome: Any) -> None:
-    """Assert that a 200 answer is complete and well-formed (and meets its constraint)."""
+def check_complete(outcome: Any) -> list[str]:
+    """Assert that a 200 answer is complete and well-formed (and meets its constraint); returns
+    its finish reasons (one per choice)."""
     path, body = outcome.path, outcome.body
     where = f"{path} {json.dumps(body)[:300]}"
     if outcome.stream:
@@ -122,6 +128,7 @@ def check_complete(outcome: Any) -> None:
         assert tokens is None or tokens <= limit, where
         if reason == "stop":
             _check_constraint(body, text, where)
+    return [reason for _, reason, _ in finals]
 
 
 def _finals(path: str, answer: Any) -> list[tuple[str, str, int | None]]:
@@ -199,13 +206,21 @@ def test_load_1000_requests(server, run_requests, process_rss_mb):
     statuses = Counter(o.status for o in outcomes)
     broken = [o for o in outcomes if o.status == 0 or o.status >= 500]
     assert not broken, [(o.path, o.status, o.error, o.json) for o in broken[:5]]
+    constrained_reasons: list[str] = []
     for o in outcomes:
         if o.status == 200:
-            check_complete(o)
+            reasons = check_complete(o)
+            if _is_constrained(o.body):
+                constrained_reasons += reasons
         else:  # an explicit error: JSON in OpenAI's shape
             assert o.json and o.json["error"]["message"], (o.status, o.json)
     # Every limit of this server is above the load: every request must get its full answer.
     assert statuses == {200: N_REQUESTS}, statuses
+    # the constraint checks above ran on most constrained answers, not on none of them
+    stopped = constrained_reasons.count("stop")
+    assert constrained_reasons and stopped >= 0.9 * len(constrained_reasons), Counter(
+        constrained_reasons
+    )
 
     after = server.wait_idle_and_check_kv()
     assert after["tm_requests"] == 0 and after["in_flight_requests"] == 0

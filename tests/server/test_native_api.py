@@ -6,12 +6,11 @@ from __future__ import annotations
 import itertools
 import socket
 import threading
-import time
 
 import pytest
 
 from server_process import sse_events
-from tests_helpers import PARITY_PROMPTS, hf_greedy_outputs, pid_alive
+from tests_helpers import PARITY_PROMPTS, hf_greedy_outputs, pid_alive, wait_until
 
 MAX_NEW = 12
 GREEDY = {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True}
@@ -186,10 +185,7 @@ def test_disconnect_non_streaming_aborts(server):
     head = f"POST /generate HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
     with socket.create_connection(("127.0.0.1", server.port)) as sock:
         sock.sendall(head.encode() + payload)
-        deadline = time.monotonic() + 30
-        while server.info()["num_running"] == 0:
-            assert time.monotonic() < deadline, "the request never started"
-            time.sleep(0.1)
+        wait_until(lambda: server.info()["num_running"] > 0, "the request to start")
     info = server.wait_idle_and_check_kv(timeout=20)
     assert info["generated_tokens"] - before < 1000
 

@@ -4,10 +4,12 @@ key is never echoed."""
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 
 import httpx
 import openai
+import psutil
 import pytest
 
 from server_process import MAIN_BODY_LIMIT
@@ -81,14 +83,29 @@ def test_body_size_limit(server):
     )
 
 
+def _non_loopback_ipv4() -> list[str]:
+    """Every IPv4 address of this machine's interfaces except loopback (psutil enumerates the
+    interfaces; `getaddrinfo(gethostname())` often answers 127.0.x.x only)."""
+    return [
+        a.address
+        for addrs in psutil.net_if_addrs().values()
+        for a in addrs
+        if a.family == socket.AF_INET and not ipaddress.ip_address(a.address).is_loopback
+    ]
+
+
 def test_binds_loopback_only(server):
-    assert server.info()["host"] == "127.0.0.1"
-    try:
-        addrs = {ai[4][0] for ai in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)}
-    except OSError:
-        addrs = set()
-    external = [a for a in addrs if not a.startswith("127.")]
-    if not external:
-        pytest.skip("no non-loopback address on this machine")
-    with pytest.raises(OSError), socket.create_connection((external[0], server.port), timeout=2):
-        pass
+    info = server.info()
+    assert info["host"] == "127.0.0.1"
+    # what the server process listens on, as the kernel reports it: loopback only
+    listening = [
+        c.laddr
+        for c in psutil.Process(info["server_pid"]).net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN
+    ]
+    assert (info["host"], server.port) in [(a.ip, a.port) for a in listening], listening
+    assert all(ipaddress.ip_address(a.ip).is_loopback for a in listening), listening
+    # and from each of the machine's other addresses, the port is closed
+    for addr in _non_loopback_ipv4():
+        with pytest.raises(OSError), socket.create_connection((addr, server.port), timeout=5):
+            pass

@@ -1,0 +1,109 @@
+"""Small-batch linear layers on CPU: `y = x W^T` with W in fp32, fp16, bf16 or GGUF blocks.
+
+`linear_dense(x, w)` and `linear_quant(x, blocks, qtype, k)` call the C++ kernels of
+`linear.cpp` (a GEMV at batch 1, a skinny GEMM up to a few rows: each weight row is read from
+memory once per call); `dequant(blocks, qtype, k)` expands GGUF blocks to fp32 for a torch GEMM
+(prefill). Each has a torch reference (`*_ref`) with the same math. All return None when the
+kernel library is unavailable (`build.load()`), so callers fall back to the references.
+
+GGUF blocks arrive as a uint8 tensor `[N, K // 32 * block_bytes]`: one row of blocks per output
+row (as read from the file), ggml type ids `Q8_0 = 8`, `Q4_0 = 2`, `Q4_1 = 3`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radixlm.kernels.cpu import build
+
+Q4_0, Q4_1, Q8_0 = 2, 3, 8
+BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34}
+QTYPE_NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0"}
+_WTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+_threads = 0
+
+
+def _lib():
+    global _threads
+    lib = build.load()
+    if lib is not None and _threads != torch.get_num_threads():
+        # NOTE: the library's OpenMP pool follows torch's thread count (set by the model runner).
+        _threads = torch.get_num_threads()
+        lib.rl_set_threads(_threads)
+    return lib
+
+
+def available() -> bool:
+    return build.load() is not None
+
+
+def _as_x(x: torch.Tensor) -> torch.Tensor:
+    x = x.reshape(-1, x.shape[-1])
+    if x.dtype != torch.float32:
+        x = x.float()
+    return x if x.is_contiguous() else x.contiguous()
+
+
+def linear_dense(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
+    """fp32 `[M, N]` = x `[M, K]` @ w `[N, K]`^T (w fp32/fp16/bf16, contiguous)."""
+    lib = _lib()
+    if lib is None or w.dtype not in _WTYPES:
+        return None
+    x2 = _as_x(x)
+    y = torch.empty(x2.shape[0], w.shape[0], dtype=torch.float32)
+    rc = lib.rl_linear_dense(
+        x2.data_ptr(),
+        x2.shape[0],
+        x2.shape[1],
+        w.data_ptr(),
+        _WTYPES[w.dtype],
+        w.shape[0],
+        y.data_ptr(),
+    )
+    assert rc == 0, rc
+    return y
+
+
+def linear_dense_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return _as_x(x) @ w.float().t()
+
+
+def linear_quant(x: torch.Tensor, blocks: torch.Tensor, qtype: int, k: int) -> torch.Tensor | None:
+    """fp32 `[M, N]` = x `[M, k]` @ dequant(blocks)^T; blocks `[N, k // 32 * block bytes]`."""
+    lib = _lib()
+    if lib is None:
+        return None
+    x2 = _as_x(x)
+    y = torch.empty(x2.shape[0], blocks.shape[0], dtype=torch.float32)
+    rc = lib.rl_linear_quant(
+        x2.data_ptr(), x2.shape[0], k, blocks.data_ptr(), qtype, blocks.shape[0], y.data_ptr()
+    )
+    assert rc == 0, rc
+    return y
+
+
+def dequant(blocks: torch.Tensor, qtype: int, k: int) -> torch.Tensor | None:
+    """fp32 `[N, k]` of GGUF block rows."""
+    lib = _lib()
+    if lib is None:
+        return None
+    out = torch.empty(blocks.shape[0], k, dtype=torch.float32)
+    assert lib.rl_dequant(blocks.data_ptr(), qtype, blocks.shape[0], k, out.data_ptr()) == 0
+    return out
+
+
+def dequant_ref(blocks: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
+    """The same blocks expanded with torch ops (the layout in `linear.cpp`'s header)."""
+    n = blocks.shape[0]
+    b = blocks.reshape(-1, BLOCK_BYTES[qtype])
+    d = b[:, :2].contiguous().view(torch.float16).float()
+    if qtype == Q8_0:
+        return (b[:, 2:].contiguous().view(torch.int8).float() * d).view(n, k)
+    qs = b[:, 4:] if qtype == Q4_1 else b[:, 2:]
+    q = torch.cat([qs & 0x0F, qs >> 4], dim=1).float()
+    m = b[:, 2:4].contiguous().view(torch.float16).float() if qtype == Q4_1 else -8.0 * d
+    return (q * d + m).view(n, k)
+
+
+def linear_quant_ref(x: torch.Tensor, blocks: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
+    return _as_x(x) @ dequant_ref(blocks, qtype, k).t()

@@ -1,0 +1,178 @@
+"""The CPU linear seam: which kernel a `Linear` (and a tied LM head) runs on CPU.
+
+`attach_cpu_linears(model, linear_cls, gguf)` runs once after the weights are loaded on CPU. Each
+linear layer gets a `CpuLinear` in its `cpu_impl` attribute, which its `forward` calls instead of
+`F.linear`; the model code knows nothing else about CPU kernels. A `CpuLinear` holds the weight
+in one of two forms:
+
+- dense (fp32, fp16, bf16: the model dtype): decode-sized inputs (<= `SMALL_M` rows) run the
+  C++ GEMV / skinny GEMM (`kernels/cpu/linear.py`), larger ones (prefill) torch's GEMM;
+- GGUF blocks (`quantization="gguf"`, Q8_0 / Q4_0 / Q4_1 as stored in the file): the weight stays
+  quantised in memory; decode-sized inputs run the block kernel on it directly, larger inputs
+  de-quantise the layer once per call into an fp32 scratch matrix and run torch's GEMM on that
+  (prefill is compute-bound: one expansion per layer is cheap next to the GEMM).
+
+Where the kernel library is unavailable (`kernels.cpu.build.load()` logs why, once), a layer keeps
+torch's path (a quantised layer: de-quantised once at attach time, so it still runs).
+Data flow: x [M, K] (model dtype) -> kernel (fp32 out) -> y [M, N] in x's dtype (+ bias).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixlm.kernels.cpu import linear as cl
+
+if TYPE_CHECKING:
+    from radixlm.runtime.models.gguf_file import GGUFFile
+
+logger = logging.getLogger(__name__)
+
+SMALL_M = 16  # rows up to which the C++ kernels beat torch's GEMM (decode batches)
+
+
+class CpuLinear:
+    """One layer's CPU weight and the kernel choice for it (see the module docstring)."""
+
+    def __init__(
+        self,
+        weight: torch.Tensor | None,
+        bias: torch.Tensor | None = None,
+        blocks: torch.Tensor | None = None,
+        qtype: int = 0,
+        k: int = 0,
+    ) -> None:
+        assert (weight is None) != (blocks is None)
+        self.weight, self.bias, self.blocks, self.qtype, self.k = weight, bias, blocks, qtype, k
+        self.fast = cl.available()
+
+    @property
+    def mode(self) -> str:
+        if self.blocks is not None:
+            return cl.QTYPE_NAMES[self.qtype]
+        assert self.weight is not None
+        return str(self.weight.dtype).replace("torch.", "")
+
+    def nbytes(self) -> int:
+        t = self.blocks if self.blocks is not None else self.weight
+        assert t is not None
+        return t.numel() * t.element_size()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        lead, m = x.shape[:-1], x.numel() // max(x.shape[-1], 1)
+        y = None
+        if self.blocks is not None:
+            if self.fast and m <= SMALL_M:
+                y = cl.linear_quant(x, self.blocks, self.qtype, self.k)
+            if y is None:
+                w = cl.dequant(self.blocks, self.qtype, self.k) if self.fast else None
+                if w is None:
+                    w = cl.dequant_ref(self.blocks, self.qtype, self.k)
+                y = F.linear(x.reshape(-1, x.shape[-1]).float(), w)
+        else:
+            assert self.weight is not None
+            if self.fast and m <= SMALL_M and m > 0:
+                y = cl.linear_dense(x, self.weight)
+            if y is None:
+                return F.linear(x, self.weight, self.bias)
+        y = y.view(*lead, y.shape[-1]).to(x.dtype)
+        return y if self.bias is None else y + self.bias
+
+
+# ---- attach -------------------------------------------------------------------------------------
+# Decoder linears: module suffix -> the GGUF parts stacked into its rows, in order.
+_GGUF_PARTS = {
+    "self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"),
+    "self_attn.o_proj": ("attn_output",),
+    "mlp.gate_up_proj": ("ffn_gate", "ffn_up"),
+    "mlp.down_proj": ("ffn_down",),
+}
+
+
+def gguf_blocks(
+    gguf: GGUFFile, layer: int, parts: tuple[str, ...], heads: dict[str, int], permute: bool
+) -> tuple[torch.Tensor, int] | None:
+    """The stacked block rows `[N, K // 32 * block bytes]` of a layer's GGUF parts and their
+    ggml type, or None unless every part has the same type of `cl.BLOCK_BYTES`."""
+    from radixlm.runtime.models.loader import unpermute_rows
+
+    tensors = [gguf.tensors[f"blk.{layer}.{p}.weight"] for p in parts]
+    qtype = tensors[0].ggml_type
+    if qtype not in cl.BLOCK_BYTES or any(t.ggml_type != qtype for t in tensors):
+        return None
+    rows = []
+    for part, t in zip(parts, tensors):
+        n, k = t.shape
+        r = torch.from_numpy(t.data.copy()).view(n, k // 32 * cl.BLOCK_BYTES[qtype])
+        if permute and part in heads:  # llama.cpp's rope row order (see loader.py)
+            r = unpermute_rows(r, heads[part])
+        rows.append(r)
+    return torch.cat(rows).contiguous(), qtype
+
+
+def attach_cpu_linears(
+    model: nn.Module,
+    linear_cls: type,
+    gguf: GGUFFile | None = None,
+    num_heads: tuple[int, int] = (0, 0),
+) -> dict[str, int]:
+    """Give every `linear_cls` module of `model` its `cpu_impl`; with `gguf`, decoder layers whose
+    parts are Q8_0/Q4_0/Q4_1 keep those blocks and drop their dense weight. Returns the number of
+    layers per mode (e.g. {"Q4_1": 120, "float32": 0})."""
+    modes: dict[str, int] = {}
+    heads = {"attn_q": num_heads[0], "attn_k": num_heads[1]}
+    permute = gguf is not None and gguf.architecture == "llama"
+    for name, module in model.named_modules():
+        if not isinstance(module, linear_cls) or module.fp8:
+            continue  # NOTE: an FP8 layer keeps its emulation (inputs quantised per token)
+        impl = None
+        _, _, suffix = name.partition("layers.")
+        layer_s, _, rest = suffix.partition(".")
+        if gguf is not None and rest in _GGUF_PARTS and cl.available():
+            got = gguf_blocks(gguf, int(layer_s), _GGUF_PARTS[rest], heads, permute)
+            if got is not None and module.bias is None:
+                k = module.weight.shape[1]
+                impl = CpuLinear(None, blocks=got[0], qtype=got[1], k=k)
+                # NOTE: the dense copy made at load is dropped: the layer now lives in its blocks.
+                module.weight = nn.Parameter(torch.empty(0, k), requires_grad=False)
+        if impl is None:
+            impl = CpuLinear(module.weight.data.contiguous(), module.bias)
+        module.cpu_impl = impl
+        modes[impl.mode] = modes.get(impl.mode, 0) + 1
+    return modes
+
+
+class CpuSetup(NamedTuple):
+    mode: str  # what the decoder linears run: "float32", "bfloat16", "Q4_1", "Q4_1+float32", ...
+    layers: dict[str, int]  # linear layers per weight form
+    head: CpuLinear | None  # the tied LM head (None: the model's own `compute_logits`)
+
+
+def setup_cpu_model(
+    model: nn.Module, linear_cls: type, gguf: GGUFFile | None, quantize: bool
+) -> CpuSetup:
+    """Attach the CPU kernels to a loaded model (see `attach_cpu_linears`); `quantize` keeps a
+    GGUF file's blocks (`quantization="gguf"`). A tied LM head gets the token embedding's blocks
+    where those are Q8_0/Q4_0/Q4_1, else the dense embedding matrix."""
+    cfg = model.config
+    source = gguf if quantize else None
+    layers = attach_cpu_linears(
+        model, linear_cls, source, (cfg.num_attention_heads, cfg.num_key_value_heads)
+    )
+    head = None
+    if getattr(model, "lm_head", None) is None and hasattr(model, "embed_tokens"):
+        emb = model.embed_tokens.weight.data
+        t = None if source is None else source.tensors.get("token_embd.weight")
+        if t is not None and t.ggml_type in cl.BLOCK_BYTES and cl.available():
+            n, k = t.shape
+            blocks = torch.from_numpy(t.data.copy()).view(n, k // 32 * cl.BLOCK_BYTES[t.ggml_type])
+            head = CpuLinear(None, blocks=blocks, qtype=t.ggml_type, k=k)
+        else:
+            head = CpuLinear(emb.contiguous())
+    mode = "+".join(sorted(layers, key=lambda m: -layers[m]))
+    return CpuSetup(mode, layers, head)

@@ -1,0 +1,151 @@
+"""Gemma 2 and Gemma 3 (text): Llama-shaped decoders with
+
+- embeddings multiplied by sqrt(hidden) (rounded to the model dtype, as transformers does);
+- four `(1 + w)` RMSNorms per layer (fp32 math): before and after attention and before and after
+  the MLP; the residual adds the post-norm outputs;
+- a GeGLU MLP (tanh-approximated GELU of the gate times the up projection);
+- per-layer attention (windows, the soft cap of the scores, `query_pre_attn_scalar`) applied by
+  the attention backend from the config (`attention.base.layer_attention`);
+- Gemma 2: final logits soft-capped; Gemma 3: a `(1 + w)` RMSNorm of each head's q and k, and
+  windowed (local) layers rotated with their own base (`rope_local_theta`, no scaling).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixlm.runtime.attention.base import AttentionBackend
+from radixlm.runtime.forward_batch import ForwardBatch
+from radixlm.runtime.models.config import ModelConfig
+from radixlm.runtime.models.decoder import DecoderForCausalLM, QKNormAttention
+from radixlm.runtime.models.llama import Embedding, Linear, LlamaAttention, RMSNorm
+from radixlm.runtime.models.rotary import RotaryEmbedding
+
+
+class GemmaRMSNorm(RMSNorm):
+    """`x / rms(x) * (1 + w)` in fp32, cast back to x's dtype; optionally adds the residual first
+    (returns `(out, sum)` then, like `RMSNorm`)."""
+
+    def __init__(self, size: int, eps: float, fused: bool = False) -> None:
+        super().__init__(size, eps, fused=False)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is not None:
+            x = x + residual
+            residual = x
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        out = (h * (1.0 + self.weight.float())).to(x.dtype)
+        return out if residual is None else (out, residual)
+
+
+class GemmaEmbedding(Embedding):
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = F.embedding(ids, self.weight)
+        return h * torch.tensor(self.weight.shape[1] ** 0.5, dtype=h.dtype)
+
+
+class GemmaMLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        if config.hidden_act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+            from radixlm.runtime.models.registry import UnsupportedModelError
+
+            raise UnsupportedModelError(f"Gemma activation {config.hidden_act!r}")
+        inter = config.intermediate_size
+        self.gate_up_proj = Linear(config.hidden_size, 2 * inter)  # [gate; up] rows
+        self.down_proj = Linear(inter, config.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+
+
+class GemmaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, self_attn: nn.Module) -> None:
+        super().__init__()
+        h, eps = config.hidden_size, config.rms_norm_eps
+        self.self_attn = self_attn
+        self.mlp = GemmaMLP(config)
+        self.input_layernorm = GemmaRMSNorm(h, eps)
+        self.post_attention_layernorm = GemmaRMSNorm(h, eps)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(h, eps)
+        self.post_feedforward_layernorm = GemmaRMSNorm(h, eps)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        batch: ForwardBatch,
+        rotary: RotaryEmbedding,
+        attn: AttentionBackend,
+        rows_only: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's post-MLP-norm output, the residual stream before it): the next layer's
+        (or the final) norm adds the two, as in `LlamaDecoderLayer`."""
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(hidden, batch, rotary, attn, rows_only)
+        if rows_only:
+            if hidden.shape[0] == 0:
+                return hidden, hidden
+            residual = residual.index_select(0, batch.logits_indices)
+        hidden = self.post_attention_layernorm(hidden)
+        hidden, residual = self.pre_feedforward_layernorm(hidden, residual)
+        return self.post_feedforward_layernorm(self.mlp(hidden)), residual
+
+
+class GemmaForCausalLM(DecoderForCausalLM):
+    """Gemma 2 (`Gemma2ForCausalLM`) and Gemma 3 text (`Gemma3ForCausalLM`)."""
+
+    def make_embedding(self, config: ModelConfig) -> nn.Module:
+        return GemmaEmbedding(config.vocab_size, config.hidden_size)
+
+    def make_norm(self, config: ModelConfig, fused: bool) -> nn.Module:
+        return GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def make_layer(
+        self,
+        config: ModelConfig,
+        layer_id: int,
+        fused: bool,
+        max_positions: int,
+        device: torch.device,
+    ) -> nn.Module:
+        if config.model_type == "gemma2":
+            return GemmaDecoderLayer(config, LlamaAttention(config, layer_id))
+        rotary = None
+        if config.layer_window(layer_id) is not None and config.rope_local_theta is not None:
+            local = dataclasses.replace(
+                config, rope_theta=config.rope_local_theta, rope_scaling=None
+            )
+            if self._local_rotary is None:
+                self._local_rotary = RotaryEmbedding(local, max_positions, device, fused)
+            rotary = self._local_rotary
+        attn = QKNormAttention(config, layer_id, GemmaRMSNorm, rotary=rotary)
+        return GemmaDecoderLayer(config, attn)
+
+    def make_rotary(
+        self, config: ModelConfig, max_positions: int, device: torch.device, fused: bool
+    ) -> RotaryEmbedding:
+        self._local_rotary: RotaryEmbedding | None = None  # Gemma 3's local layers (shared)
+        return super().make_rotary(config, max_positions, device, fused)
+
+    @torch.no_grad()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = super().compute_logits(hidden)
+        cap = self.config.final_logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    def extra_layer_weight_count(self) -> int:
+        # pre/post feed-forward norms (+ q/k norms in Gemma 3)
+        return 2 if self.config.model_type == "gemma2" else 4

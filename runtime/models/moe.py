@@ -1,0 +1,102 @@
+"""Mixture-of-experts MLP (Qwen3-MoE, Mixtral): a softmax router picks the top-k experts of each
+token, each expert is a gated MLP, their outputs are summed with the routing weights.
+
+Storage: all experts' gate/up rows stacked in one matrix `w13` `[E * 2I, H]` (expert e's gate at
+rows `e*2I`, its up at `e*2I + I`) and their down projections in `w2` `[E * H, I]`, so the loader
+fills row ranges (weights.py) and the kernels see `[E, 2I, H]` / `[E, H, I]` views.
+`fused_moe_torch` is the reference (CPU path); `kernels.fused_moe` runs it as grouped GEMMs on GPU.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixlm.runtime.models.config import ModelConfig
+from radixlm.runtime.models.llama import Linear
+
+
+def route(
+    router_logits: torch.Tensor, top_k: int, renormalize: bool, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights `[T, k]` in `dtype`, expert ids `[T, k]` int64): softmax in fp32, top-k, and
+    with `renormalize` the k weights rescaled to sum to 1."""
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(dtype), ids
+
+
+def fused_moe_torch(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> torch.Tensor:
+    """Reference: x `[T, H]`, w13 `[E, 2I, H]`, w2 `[E, H, I]` -> `[T, H]` =
+    sum_k weight[t, k] * down_e(silu(gate_e(x_t)) * up_e(x_t)) with e = ids[t, k]."""
+    out = torch.zeros_like(x)
+    for e in topk_ids.unique().tolist():
+        tok, slot = (topk_ids == e).nonzero(as_tuple=True)
+        gate, up = F.linear(x[tok], w13[e]).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, w2[e])
+        out.index_add_(0, tok, y * topk_weights[tok, slot, None])
+    return out
+
+
+class SparseMoE(nn.Module):
+    """Router (`gate`, `[E, H]`) plus stacked experts; see the module docstring."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        e, h, i = config.num_experts, config.hidden_size, config.moe_intermediate_size
+        self.num_experts, self.hidden, self.inter = e, h, i
+        self.top_k = config.num_experts_per_tok
+        self.renormalize = config.norm_topk_prob
+        self.gate = Linear(h, e)
+        self.w13 = nn.Parameter(torch.empty(e * 2 * i, h), requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty(e * h, i), requires_grad=False)
+        self.kernel_cfg: dict | None = None  # Triton launch config (GPU), set at start-up
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = route(self.gate(x), self.top_k, self.renormalize, x.dtype)
+        w13 = self.w13.view(self.num_experts, 2 * self.inter, self.hidden)
+        w2 = self.w2.view(self.num_experts, self.hidden, self.inter)
+        if x.is_cuda:
+            from radixlm.kernels.fused_moe import fused_moe
+
+            return fused_moe(x, w13, w2, weights, ids, self.kernel_cfg)
+        return fused_moe_torch(x, w13, w2, weights, ids)
+
+
+# checkpoint names of one expert's projections -> (stacked matrix, part)
+_EXPERT = re.compile(
+    r"^(?P<layer>layers\.\d+)\.(?:mlp|block_sparse_moe)\.experts\.(?P<e>\d+)\."
+    r"(?P<proj>gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$"
+)
+_ROUTER = re.compile(r"^(?P<layer>layers\.\d+)\.block_sparse_moe\.gate\.weight$")
+_PART = {"gate_proj": 0, "w1": 0, "up_proj": 1, "w3": 1, "down_proj": 2, "w2": 2}
+
+
+def moe_checkpoint_target(
+    key: str, config: ModelConfig
+) -> tuple[str, tuple[int, int] | None] | None:
+    """Stacked-expert target of a per-expert checkpoint tensor (Qwen3-MoE `mlp.experts.E.
+    {gate,up,down}_proj`, Mixtral `block_sparse_moe.experts.E.w{1,3,2}`; Mixtral's router
+    `block_sparse_moe.gate`); None for any other name."""
+    m = _EXPERT.match(key)
+    if m is not None:
+        e, part = int(m["e"]), _PART[m["proj"]]
+        i, h = config.moe_intermediate_size, config.hidden_size
+        if part == 2:
+            return f"{m['layer']}.mlp.w2", (e * h, h)
+        return f"{m['layer']}.mlp.w13", (e * 2 * i + part * i, i)
+    m = _ROUTER.match(key)
+    if m is not None:
+        return f"{m['layer']}.mlp.gate.weight", None
+    return None

@@ -1,0 +1,79 @@
+"""The model registry: checkpoint architecture names -> the radixlm class that runs them.
+
+Two keys find an entry: a Hugging Face `config.json`'s `architectures` (or its `model_type`), and a
+GGUF file's `general.architecture` (llama.cpp's name). Model classes are imported lazily, so
+reading a config never imports torch modules it does not need. docs/models.md lists this table
+(a test checks the two agree).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import NamedTuple
+
+
+class ArchInfo(NamedTuple):
+    model_type: str  # HF `model_type`
+    module: str  # radixlm.runtime.models.<module>
+    cls: str  # class in that module
+    gguf_arch: str | None  # llama.cpp `general.architecture`, None when no GGUF support
+
+
+ARCHITECTURES: dict[str, ArchInfo] = {
+    "LlamaForCausalLM": ArchInfo("llama", "llama", "LlamaForCausalLM", "llama"),
+    "MistralForCausalLM": ArchInfo("mistral", "llama", "LlamaForCausalLM", None),
+    "Qwen2ForCausalLM": ArchInfo("qwen2", "llama", "LlamaForCausalLM", "qwen2"),
+    "Qwen3ForCausalLM": ArchInfo("qwen3", "qwen3", "Qwen3ForCausalLM", "qwen3"),
+    "Qwen3MoeForCausalLM": ArchInfo("qwen3_moe", "qwen3", "Qwen3ForCausalLM", "qwen3moe"),
+    "MixtralForCausalLM": ArchInfo("mixtral", "mixtral", "MixtralForCausalLM", None),
+    "Gemma2ForCausalLM": ArchInfo("gemma2", "gemma", "GemmaForCausalLM", "gemma2"),
+    "Gemma3ForCausalLM": ArchInfo("gemma3_text", "gemma", "GemmaForCausalLM", "gemma3"),
+    "Phi3ForCausalLM": ArchInfo("phi3", "phi3", "Phi3ForCausalLM", "phi3"),
+}
+
+
+class UnsupportedModelError(ValueError):
+    """The checkpoint's architecture or one of its settings is not implemented."""
+
+
+def supported_list() -> str:
+    return ", ".join(sorted(ARCHITECTURES))
+
+
+def arch_from_hf(cfg: dict) -> str:
+    """The registered architecture of a `config.json` dict (its `architectures`, else its
+    `model_type`); UnsupportedModelError listing the supported ones otherwise."""
+    archs = cfg.get("architectures") or []
+    arch = next((a for a in archs if a in ARCHITECTURES), None)
+    if arch is None:
+        by_type = {info.model_type: name for name, info in ARCHITECTURES.items()}
+        arch = by_type.get(cfg.get("model_type", ""))
+    if arch is None:
+        raise UnsupportedModelError(
+            f"unsupported architecture {archs or cfg.get('model_type')!r}; "
+            f"supported: {supported_list()}"
+        )
+    return arch
+
+
+def arch_from_gguf(gguf_arch: str) -> str:
+    """The registered architecture of a GGUF `general.architecture`."""
+    for name, info in ARCHITECTURES.items():
+        if info.gguf_arch == gguf_arch:
+            return name
+    names = sorted(i.gguf_arch for i in ARCHITECTURES.values() if i.gguf_arch)
+    raise UnsupportedModelError(
+        f"GGUF architecture {gguf_arch!r} is not supported; supported: {', '.join(names)}"
+    )
+
+
+def model_class(architecture: str) -> type:
+    """The class that runs `architecture` (constructor: config, max_positions, device,
+    fused_ops)."""
+    info = ARCHITECTURES.get(architecture)
+    if info is None:
+        raise UnsupportedModelError(
+            f"unsupported architecture {architecture!r}; supported: {supported_list()}"
+        )
+    module = importlib.import_module(f"radixlm.runtime.models.{info.module}")
+    return getattr(module, info.cls)

@@ -1,0 +1,72 @@
+"""GPU-only code on a CUDA device (skipped on CPU machines; the lead runs it on the H200 and
+records each run in docs/benchmarks.md): CUDA-graph capture and replay with padding against the
+eager path, the H2D/D2H transfer streams, and the decode-GEMM choice between cuBLAS and the Triton
+GEMV. Their device-free logic is tested on CPU in tests/runtime/test_gpu_logic_on_cpu.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+PROMPTS = [[1, 5, 9, 11], [1, 7], [1, 3, 3, 3, 3, 3, 8], [1, 2, 4], [1, 9, 9]]
+TINY = {"model_path": "tiny-llama", "load_format": "dummy", "skip_tokenizer_init": True}
+
+
+def _greedy(batch: list[list[int]], **kwargs) -> list[list[int]]:
+    from radixlm.runtime.engine import Engine
+
+    with Engine(**TINY, dtype="float32", random_seed=0, **kwargs) as eng:
+        assert str(eng.get_server_info()["device"]).startswith("cuda")
+        outs = eng.generate(
+            input_ids=batch,
+            sampling_params={"max_new_tokens": 24, "temperature": 0, "ignore_eos": True},
+        )
+    return [o["output_ids"] for o in outs]
+
+
+@pytest.mark.parametrize("bs", [1, 3, 5])  # 3 and 5 replay the 4- and 8-graphs with padding
+def test_cuda_graph_replay_equals_eager(bs):
+    batch = PROMPTS[:bs]
+    graphs = _greedy(batch, cuda_graph_max_bs=8)
+    eager = _greedy(batch, disable_cuda_graph=True)
+    assert graphs == eager
+
+
+def test_host_transfer_streams():
+    from radixlm.runtime.host_transfer import HostTransfer
+
+    transfer = HostTransfer(torch.device("cuda"))
+    dev = transfer.to_device([[1, 2, 3], [4, 5, 6]])
+    assert dev.is_cuda and dev.dtype == torch.int64
+    doubled = dev * 2  # on the compute stream, after the H2D copy
+    host, event = transfer.to_host(doubled)
+    assert event is not None and not host.is_cuda and host.is_pinned()
+    event.synchronize()
+    assert host.tolist() == [[2, 4, 6], [8, 10, 12]]
+
+
+def test_decode_gemm_choice_sets_every_layer_and_keeps_results():
+    from radixlm.kernels.gemv import GEMV_CONFIGS
+    from radixlm.runtime.models.gemm_select import BUCKETS, select_decode_gemms
+    from radixlm.runtime.models.llama import Linear
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = torch.nn.ModuleList(
+            [Linear(2048, 1024), Linear(2048, 1024), Linear(1024, 2048, gated_output=True)]
+        ).to(torch.bfloat16)
+        for layer in model:
+            layer.weight.normal_(0, 0.02)
+    summary = select_decode_gemms(model, Linear, torch.bfloat16)
+    assert set(summary) == {"1024x2048", "4096x1024_gated"}
+    for layer in model:
+        assert len(layer.small_m_cfg) == len(BUCKETS)
+        assert all(c is None or c in GEMV_CONFIGS for c in layer.small_m_cfg)
+        for m in BUCKETS:
+            x = torch.randn(m, layer.weight.shape[1], device="cuda", dtype=torch.bfloat16)
+            torch.testing.assert_close(layer(x), layer.forward_default(x), atol=2e-2, rtol=2e-2)

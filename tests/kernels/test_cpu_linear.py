@@ -1,0 +1,113 @@
+"""The CPU linear kernels (kernels/cpu) against their torch references and against the `gguf`
+package's own quantiser/de-quantiser; the torch fallback when the library cannot be built."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from gguf.constants import GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
+from gguf.quants import quantize as gguf_quantize
+
+from radixlm.kernels.cpu import build
+from radixlm.kernels.cpu import linear as cl
+
+needs_lib = pytest.mark.skipif(
+    build.isa() is None or build.compiler() is None, reason="no AVX2 CPU or no C++ compiler"
+)
+QTYPES = {cl.Q8_0: "Q8_0", cl.Q4_0: "Q4_0", cl.Q4_1: "Q4_1"}
+
+
+def _blocks(w: torch.Tensor, qtype: int) -> torch.Tensor:
+    q = gguf_quantize(w.numpy(), GGMLQuantizationType[QTYPES[qtype]])
+    return torch.from_numpy(np.ascontiguousarray(q))
+
+
+@needs_lib
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 64, 576), (3, 70, 100), (8, 33, 1536)])
+def test_dense_matches_reference(dtype: torch.dtype, m: int, n: int, k: int) -> None:
+    x = torch.randn(m, k)
+    w = torch.randn(n, k).to(dtype)
+    y = cl.linear_dense(x, w)
+    assert y is not None and y.shape == (m, n)
+    torch.testing.assert_close(y, cl.linear_dense_ref(x, w), rtol=1e-4, atol=1e-3)
+
+
+@needs_lib
+@pytest.mark.parametrize("qtype", list(QTYPES))
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 64, 576), (5, 37, 1536)])
+def test_quant_matches_gguf_dequantize(qtype: int, m: int, n: int, k: int) -> None:
+    w = torch.randn(n, k)
+    blocks = _blocks(w, qtype)
+    want_w = torch.from_numpy(
+        gguf_dequantize(blocks.numpy(), GGMLQuantizationType[QTYPES[qtype]])
+    ).reshape(n, k)
+    torch.testing.assert_close(cl.dequant_ref(blocks, qtype, k), want_w)
+    torch.testing.assert_close(cl.dequant(blocks, qtype, k), want_w)
+    x = torch.randn(m, k)
+    y = cl.linear_quant(x, blocks, qtype, k)
+    assert y is not None
+    torch.testing.assert_close(y, x @ want_w.t(), rtol=1e-4, atol=2e-3)
+    torch.testing.assert_close(cl.linear_quant_ref(x, blocks, qtype, k), x @ want_w.t())
+
+
+def test_without_compiler_falls_back_with_one_log_line(tmp_path) -> None:
+    """No compiler: every entry point returns None and one warning names the reason."""
+    code = (
+        "import logging, torch\n"
+        "logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')\n"
+        "from radixlm.kernels.cpu import linear as cl\n"
+        "x, w = torch.randn(1, 64), torch.randn(8, 64)\n"
+        "assert cl.linear_dense(x, w) is None and cl.dequant(torch.zeros(1, 34, dtype=torch.uint8), 8, 32) is None\n"
+        "assert not cl.available()\n"
+        "print('FALLBACK-OK')\n"
+    )
+    env = {"CXX": "/nonexistent/c++", "RADIXLM_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert "FALLBACK-OK" in out.stdout
+    lines = [ln for ln in out.stderr.splitlines() if "CPU kernels unavailable" in ln]
+    assert len(lines) == 1 and "no C++ compiler" in lines[0], out.stderr
+
+
+def test_disabled_by_env(monkeypatch, caplog) -> None:
+    build.load.cache_clear()
+    monkeypatch.setenv(build.DISABLE_ENV, "0")
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert build.load() is None
+        assert "RADIXLM_CPU_KERNELS=0" in caplog.text
+    finally:
+        build.load.cache_clear()
+
+
+@needs_lib
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_decode_attention_matches_reference(dtype: torch.dtype) -> None:
+    from radixlm.kernels.cpu.attention import decode_attention, decode_attention_ref
+
+    slots_total, kvh, d, h = 300, 3, 64, 9
+    k_pool = torch.randn(slots_total, kvh, d).to(dtype)
+    v_pool = torch.randn(slots_total, kvh, d).to(dtype)
+    table = torch.zeros(4, 128, dtype=torch.int32)
+    lens = [1, 37, 128]
+    perm = torch.randperm(slots_total - 1)[: sum(lens)] + 1
+    start = 0
+    for row, n in enumerate(lens):
+        table[row + 1, :n] = perm[start : start + n].int()
+        start += n
+    rows, seq_lens = torch.tensor([3, 1, 2]), torch.tensor([128, 1, 37])
+    table[3] = table[3].clone()
+    table[3, :128] = (torch.arange(128) + 1).int()
+    q = torch.randn(3, h, d)
+    got = decode_attention(q, k_pool, v_pool, table, rows, seq_lens, d**-0.5)
+    want = decode_attention_ref(q, k_pool, v_pool, table, rows, seq_lens, d**-0.5)
+    assert got is not None
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,60 @@
+"""The model registry: docs/models.md's table against it, unsupported architectures at start-up."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+
+from radixlm.runtime.models.config import ModelConfig
+from radixlm.runtime.models.registry import (
+    ARCHITECTURES,
+    UnsupportedModelError,
+    arch_from_gguf,
+    model_class,
+)
+
+DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "models.md")
+
+
+def _doc_rows() -> dict[str, tuple[str, str | None]]:
+    rows = {}
+    with open(DOC) as f:
+        for line in f:
+            m = re.match(r"^\| (\w+ForCausalLM) \| (\w+) \| ([\w-]+) \|", line)
+            if m:
+                rows[m[1]] = (m[2], None if m[3] == "-" else m[3])
+    return rows
+
+
+def test_docs_table_equals_the_registry() -> None:
+    assert _doc_rows() == {
+        name: (info.model_type, info.gguf_arch) for name, info in ARCHITECTURES.items()
+    }
+
+
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
+def test_every_registered_class_imports(name) -> None:
+    assert callable(model_class(name))
+
+
+def test_unsupported_architecture_lists_the_supported_ones() -> None:
+    cfg = {"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox"}
+    with pytest.raises(UnsupportedModelError, match="GPTNeoXForCausalLM") as err:
+        ModelConfig.from_hf_dict(cfg)
+    for name in ARCHITECTURES:
+        assert name in str(err.value)
+    with pytest.raises(UnsupportedModelError, match="qwen3moe"):
+        arch_from_gguf("falcon")
+
+
+def test_engine_refuses_an_unsupported_checkpoint_at_start(tmp_path) -> None:
+    from radixlm.runtime.engine import Engine
+
+    cfg = {"architectures": ["BloomForCausalLM"], "model_type": "bloom", "vocab_size": 8}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(Exception, match=r"BloomForCausalLM.*supported: .*Qwen3ForCausalLM"):
+        Engine(model_path=str(tmp_path), load_format="dummy", skip_tokenizer_init=True)
