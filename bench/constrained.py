@@ -11,6 +11,9 @@ Sections (`--sections`, each prints a table; `--json PATH` writes everything, af
   interleaved run by run, best of `--repeats`; then the time per decode step unconstrained vs
   constrained (a mask on every row every step) at batch 1 and 16, measured as
   (time(N tokens) - time(1 token)) / decode steps.
+- backends: outlines vs llguidance over one corpus (workloads + SchemaStore + grammars):
+  coverage, compile p50/p99 cold and cached, mask p50/p99, walk validity, TPOT overhead at
+  batch 16 (constrained_backends.py).
 Every constrained output is checked (regex full match / jsonschema).
 """
 
@@ -27,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from radixlm.bench import constrained_workloads as W
+from radixlm.bench.constrained_backends import bench_backends, print_backends
 
 
 def pcts(values: list[float], scale: float = 1.0) -> dict[str, float]:
@@ -331,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--tpot-tokens", type=int, default=32)
     parser.add_argument("--batch-sizes", default="1,16")
-    parser.add_argument("--sections", default="compile,masks,e2e")
+    parser.add_argument("--sections", default="compile,masks,e2e,backends")
     parser.add_argument("--repeats", type=int, default=2, help="e2e runs per system (best kept)")
     parser.add_argument("--no-outlines", action="store_true", help="skip the Outlines peer")
     parser.add_argument(
@@ -354,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = {
         "compile": lambda: bench_compile(repeats=3 if args.quick else 10),
         "masks": lambda: bench_masks(steps=30 if args.quick else 120),
+        # outlines vs llguidance over one corpus (constrained_backends.py)
+        "backends": lambda: bench_backends(args.quick, args.tpot_tokens),
     }
     failed = False
     for name, run in runs.items():
@@ -381,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
             report["jump_forward"] = {"error": f"{type(exc).__name__}: {exc}"}
         save(report)
     print_report(report)
+    if isinstance(report.get("backends"), dict) and "error" not in report["backends"]:
+        print_backends(report["backends"])
     return 1 if failed else 0
 
 

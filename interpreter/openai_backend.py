@@ -90,6 +90,7 @@ def _unsupported(params: SamplingParams) -> str | None:
     p = params
     checks = [
         (p.regex is not None, "regex= (regex-constrained decoding)"),
+        (p.ebnf is not None, "ebnf= (grammar-constrained decoding)"),
         (p.dtype is not None, f"dtype={p.dtype} / gen_{p.dtype} (a regex-constrained decode)"),
         (bool(p.min_new_tokens), "min_tokens="),
         (bool(p.stop_token_ids), "stop_token_ids="),

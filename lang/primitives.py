@@ -15,6 +15,7 @@ from radixlm.lang.errors import UnsupportedFeatureError
 from radixlm.lang.ir import Expr, ExprList, Gen, RoleBegin, RoleEnd, Select, as_expr
 from radixlm.lang.sampling import (
     SamplingParams,
+    check_ebnf,
     check_regex,
     normalize_dtype,
     normalize_json_schema,
@@ -44,12 +45,14 @@ def gen(
     choices_method: ChoicesSamplingMethod | str | None = None,
     regex: str | None = None,
     json_schema: Any = None,
+    ebnf: str | None = None,
 ) -> Gen | Select:
     """Generate text into variable `name`.
 
     Unset arguments take the run's defaults (`f.run(temperature=..., max_new_tokens=...)`).
     `regex` / `json_schema` (a JSON-schema string, a dict or a pydantic model class) constrain
-    the output; `dtype` (`int`, `float`, `str`, `bool`) is a shorthand for SGLang's regexes;
+    the output, and so does `ebnf` (a GBNF `root ::= ...` or Lark `start: ...` grammar; the
+    runtime's llguidance grammar backend compiles it); `dtype` (`int`, `float`, `str`, `bool`) is a shorthand for SGLang's regexes;
     `choices` makes this a `select`.
     """
     if choices:
@@ -75,6 +78,7 @@ def gen(
         dtype=normalize_dtype(dtype),
         regex=check_regex(regex),
         json_schema=normalize_json_schema(json_schema),
+        ebnf=check_ebnf(ebnf),
     )
     return Gen(name, params)
 

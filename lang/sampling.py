@@ -37,6 +37,7 @@ _ENGINE_FIELDS = (
     "ignore_eos",
     "regex",
     "json_schema",
+    "ebnf",
 )
 # Fields sent at the top level of the native request.
 _LOGPROB_FIELDS = (
@@ -69,6 +70,7 @@ class SamplingParams:
     dtype: str | None = None  # "int" | "float" | "str" | "bool"
     regex: str | None = None
     json_schema: str | None = None
+    ebnf: str | None = None  # a GBNF or Lark grammar (the llguidance grammar backend)
 
     def merge(self, override: SamplingParams) -> SamplingParams:
         """Return these parameters with every field that `override` sets replaced by its value."""
@@ -177,6 +179,13 @@ def normalize_json_schema(schema: Any) -> str | None:
     raise TypeError(
         f"json_schema must be a JSON string, a dict or a pydantic model class; got {type(schema).__name__}"
     )
+
+
+def check_ebnf(ebnf: str | None) -> str | None:
+    """Reject a grammar that is not a non-empty string (the runtime compiles and checks it)."""
+    if ebnf is not None and (not isinstance(ebnf, str) or not ebnf.strip()):
+        raise ValueError(f"ebnf must be a non-empty grammar string, got {ebnf!r}")
+    return ebnf
 
 
 def check_regex(regex: str | None) -> str | None:

@@ -28,10 +28,15 @@ from radixlm.runtime.errors import GrammarError
 
 
 class LLGuidanceGrammar(Grammar):
-    def __init__(self, matcher: Any, eos_ids: tuple[int, ...], num_accepted: int = 0) -> None:
+    def __init__(
+        self, matcher: Any, eos_ids: tuple[int, ...], num_accepted: int = 0, eos_free: bool = False
+    ) -> None:
         self.matcher = matcher
         self.eos_ids = eos_ids
         self._num = num_accepted
+        # NOTE: a stopped matcher takes EOS without recording it (its rollback would undo the
+        # token before); True while such an EOS is the last accepted token.
+        self._eos_free = eos_free
 
     # ---- Grammar --------------------------------------------------------------------------------
     def fill_mask(self, row: torch.Tensor) -> None:
@@ -40,7 +45,14 @@ class LLGuidanceGrammar(Grammar):
         self.matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * 4)
 
     def accept(self, token_id: int) -> bool:
-        if self.matcher.try_consume_tokens([token_id]) != 1:
+        if token_id in self.eos_ids:
+            # NOTE: `try_consume_tokens` refuses EOS once the matcher has stopped (nothing else
+            # may follow); `consume_token` takes it whenever the output is complete.
+            stopped = self.matcher.is_stopped()
+            if not self.matcher.is_accepting() or not self.matcher.consume_token(token_id):
+                return False
+            self._eos_free = stopped
+        elif self.matcher.try_consume_tokens([token_id]) != 1:
             return False
         self._num += 1
         return True
@@ -64,6 +76,12 @@ class LLGuidanceGrammar(Grammar):
             return
         if n > self._num:
             raise ValueError(f"cannot roll back {n} tokens ({self._num} accepted)")
+        if self._eos_free:
+            self._eos_free = False
+            self._num -= 1
+            n -= 1
+            if n == 0:
+                return
         if not self.matcher.rollback(n) or self.matcher.is_error():
             raise RuntimeError(f"llguidance rollback failed: {self.matcher.get_error()[:200]}")
         self._num -= n
@@ -78,7 +96,7 @@ class LLGuidanceGrammar(Grammar):
         return self._num
 
     def copy(self) -> LLGuidanceGrammar:
-        return LLGuidanceGrammar(self.matcher.deep_copy(), self.eos_ids, self._num)
+        return LLGuidanceGrammar(self.matcher.deep_copy(), self.eos_ids, self._num, self._eos_free)
 
 
 class LLGuidanceCompiler(GrammarCompiler):

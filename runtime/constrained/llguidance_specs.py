@@ -21,6 +21,7 @@ import re
 from typing import Any
 
 from radixlm.runtime.constrained.base import GrammarSpec
+from radixlm.runtime.constrained.json_schema import OWN_FORMATS
 from radixlm.runtime.errors import GrammarError
 
 MAX_PATTERN_CHARS = 100_000
@@ -76,7 +77,9 @@ _COMPOSED = ("allOf", "anyOf", "oneOf", "$ref", "if")
 def close_objects(schema: Any, in_all_of: bool = False) -> Any:
     """A copy where object schemas that list `properties` and say nothing about other keys get
     `additionalProperties: false` (the outlines backend's behaviour: only the listed keys are
-    generated). A narrowing: every output still validates against the original schema.
+    generated), and the string formats the outlines backend writes itself (bounded: e.g. at most
+    9 fraction digits in a date-time, where llguidance's own allows any number) become that
+    `pattern`. Both are narrowings: every output still validates against the original schema.
     NOTE: schemas composed with others (allOf members, nodes with allOf/anyOf/oneOf/$ref/if)
     are left open: closing them could make a valid combination unsatisfiable."""
     if not isinstance(schema, dict):
@@ -91,6 +94,10 @@ def close_objects(schema: Any, in_all_of: bool = False) -> Any:
             out[key] = close_objects(sub)
         else:
             out[key] = sub
+    fmt = out.get("format")
+    if isinstance(fmt, str) and fmt in OWN_FORMATS and "pattern" not in out:
+        del out["format"]
+        out["pattern"] = "^" + OWN_FORMATS[fmt][1:-1] + "$"  # NOTE: the regex holds the quotes
     if (
         "properties" in out
         and not in_all_of

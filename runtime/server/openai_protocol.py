@@ -33,8 +33,9 @@ class JsonSchemaFormat(StrictModel):
 
 
 class ResponseFormat(StrictModel):
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "grammar"]
     json_schema: JsonSchemaFormat | None = None
+    grammar: str | None = None  # type "grammar": an EBNF (GBNF or Lark) grammar, as `ebnf`
 
 
 class _SamplingExtras(StrictModel):

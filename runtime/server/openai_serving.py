@@ -3,7 +3,8 @@
 - sampling: `max_tokens` / `max_completion_tokens` -> max_new_tokens, `min_tokens` ->
   min_new_tokens; temperature, top_p, seed, stop, n, penalties, logit_bias and SGLang's extras map
   to the same-named sampling params; `response_format` json_object -> json_schema `{"type":
-  "object"}`, json_schema -> its schema; `regex` / `json_schema` / `ebnf` extra fields as is.
+  "object"}`, json_schema -> its schema, grammar (`{"type": "grammar", "grammar": ...}`) -> ebnf;
+  `regex` / `json_schema` / `ebnf` extra fields as is.
 - chat: the tokenizer's chat template renders the messages (`add_generation_prompt`), then the
   text is tokenized without adding special tokens again (the template has them).
 - defaults: completions max_tokens 16 (OpenAI's); chat: up to the context length.
@@ -60,7 +61,15 @@ def sampling_params(
     if req.min_tokens is not None:
         sp["min_new_tokens"] = req.min_tokens
     fmt = req.response_format
-    if fmt is not None and fmt.type != "text":
+    if fmt is not None and fmt.type == "grammar":
+        if not fmt.grammar:
+            raise ApiError(400, "response_format grammar needs a grammar string", "response_format")
+        if any(k in sp for k in ("ebnf", "regex", "json_schema")):
+            raise ApiError(
+                400, "give either response_format or ebnf / regex / json_schema", "response_format"
+            )
+        sp["ebnf"] = fmt.grammar
+    elif fmt is not None and fmt.type != "text":
         if "json_schema" in sp:
             raise ApiError(
                 400, "give either response_format or json_schema, not both", "response_format"
