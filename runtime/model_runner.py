@@ -121,6 +121,8 @@ class ModelRunner:
 
             max_bs = min(args.cuda_graph_max_bs or 256, self.max_running)
             self.graphs = CudaGraphRunner(self.model, self.attn, max_bs, self.device)
+        if self.device.type == "cuda":
+            self._warm_extend()
 
     # ---- setup ---------------------------------------------------------------------------------
     def _load_model(self, source: ModelSource) -> LlamaForCausalLM:
@@ -235,6 +237,17 @@ class ModelRunner:
         from radixlm.runtime.attention.torch_backend import TorchAttnBackend
 
         return TorchAttnBackend(self.kv_pool, self.req_to_token, *shape)
+
+    def _warm_extend(self) -> None:
+        """Compile the extend path's kernels now, not on the first request (runtime/warmup.py)."""
+        from radixlm.runtime.warmup import extend_shapes, warm_extend
+
+        chunk = self.args.chunked_prefill_size or 8192
+        chunk = self.args.max_prefill_tokens if chunk == -1 else chunk
+        capacity = self.kv_pool.allocator.available()
+        shapes = extend_shapes(chunk, self.max_running, capacity)
+        seconds = warm_extend(self, shapes)
+        logger.info("extend warm-up: %d shapes in %.2f s of start-up", len(shapes), seconds)
 
     # ---- forward -------------------------------------------------------------------------------
     @torch.inference_mode()
