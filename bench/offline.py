@@ -171,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="llama.cpp peer: median of N")
     parser.add_argument("--prefill-tokens", type=int, default=1024)
     parser.add_argument("--num-threads", type=int, default=None)
+    parser.add_argument("--dtype", default=None, help="radixlm's dtype (llama.cpp peer)")
     args = parser.parse_args(argv)
     workloads = args.workloads.split(",")
     results: dict[str, Any] = {}
@@ -179,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
 
         rows = run(
             workloads, args.model_path, args.repeats, args.decode_tokens, args.prefill_tokens,
-            args.num_threads,
+            args.num_threads, {"dtype": args.dtype} if args.dtype else None,
         )  # fmt: skip
         if rows is None:
             return 2
