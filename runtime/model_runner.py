@@ -153,7 +153,12 @@ class ModelRunner:
         if self.device.type == "cpu":
             from radixlm.runtime.models.cpu_linear import setup_cpu_model
 
-            quantize = self.args.quantization == "gguf"
+            # NOTE: the default on CPU (dtype and quantization left unset) for a GGUF file is its
+            # own block quants: the fastest mode, and it passes the quality gate
+            # (tests/runtime/test_quality_gate.py); dtype="float32" gives the dense fp32 path.
+            quantize = self.args.quantization == "gguf" or (
+                self.args.quantization is None and self.args.dtype == "auto"
+            )
             self.cpu = setup_cpu_model(model, Linear, source.gguf, quantize)
             self.weight_mode = self.cpu.mode
             logger.info("CPU linear layers: %s %s", self.cpu.mode, self.cpu.layers)
