@@ -8,6 +8,7 @@ Workloads:
             call (continuous batching).
   decode1   batch-1 decode tokens/s of both, against this machine's bandwidth ceiling (weight
             bytes per step over the read bandwidth measured in this run).
+  --peer llama.cpp: decode1 and prefill against llama.cpp on the same GGUF (bench/llamacpp_peer.py).
   prefix    one ~1k-token few-shot prefix + 32 different questions (short answers): radixlm with
             the radix cache on vs off; prints the cache hit rate against its theoretical maximum.
 """
@@ -165,9 +166,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-tokens", type=int, default=128)
     parser.add_argument("--answer-tokens", type=int, default=8)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--peer", default="transformers", choices=["transformers", "llama.cpp"])
+    parser.add_argument("--model-path", default=None, help="GGUF file (llama.cpp peer)")
+    parser.add_argument("--repeats", type=int, default=3, help="llama.cpp peer: median of N")
+    parser.add_argument("--prefill-tokens", type=int, default=1024)
+    parser.add_argument("--num-threads", type=int, default=None)
+    parser.add_argument("--dtype", default=None, help="radixlm's dtype (llama.cpp peer)")
     args = parser.parse_args(argv)
     workloads = args.workloads.split(",")
     results: dict[str, Any] = {}
+    if args.peer == "llama.cpp":  # NOTE: workloads decode1 and prefill (bench/llamacpp_peer.py)
+        from radixlm.bench.llamacpp_peer import run
+
+        rows = run(
+            workloads, args.model_path, args.repeats, args.decode_tokens, args.prefill_tokens,
+            args.num_threads, {"dtype": args.dtype} if args.dtype else None,
+        )  # fmt: skip
+        if rows is None:
+            return 2
+        write_json(args.json, {"vs_llama_cpp": rows})
+        return 0
     if "mixed" in workloads or "decode1" in workloads:
         from radixlm.runtime.engine import Engine
         from radixlm.runtime.models.hf_reference import HFReference

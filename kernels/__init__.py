@@ -15,6 +15,8 @@ Modules (import the one you need; this package imports nothing, so `radixlm.kern
     gemv               small-batch (decode) linear layer (+ gated activation), vs cuBLAS per shape
     quant_fp8          per-token FP8 quantisation of activations (the FP8 GEMM's input)
     testing            random paged batches and tolerances for tests/benchmarks
+    cpu/               C++/SIMD CPU kernels (ctypes; built on first use): small-batch linears on
+                       dense and GGUF-block weights, decode attention, RMSNorm (see cpu/__init__)
     bench_kernels      `radixlm bench kernels` (main(argv)); checks in bench_checks, speed
                        sections in bench_perf
 See docs/kernels.md.

@@ -125,6 +125,8 @@ class ModelRunner:
 
             max_bs = min(args.cuda_graph_max_bs or 256, self.max_running)
             self.graphs = CudaGraphRunner(self.model, self.attn, max_bs, self.device)
+        if self.device.type == "cuda":
+            self._warm_extend()
 
     # ---- setup ---------------------------------------------------------------------------------
     def _load_model(self, source: ModelSource) -> LlamaForCausalLM:
@@ -156,7 +158,12 @@ class ModelRunner:
         if self.device.type == "cpu":
             from radixlm.runtime.models.cpu_linear import setup_cpu_model
 
-            quantize = self.args.quantization == "gguf"
+            # NOTE: the default on CPU (dtype and quantization left unset) for a GGUF file is its
+            # own block quants: the fastest mode, and it passes the quality gate
+            # (tests/runtime/test_quality_gate.py); dtype="float32" gives the dense fp32 path.
+            quantize = self.args.quantization == "gguf" or (
+                self.args.quantization is None and self.args.dtype == "auto"
+            )
             self.cpu = setup_cpu_model(model, Linear, source.gguf, quantize)
             self.weight_mode = self.cpu.mode
             logger.info("CPU linear layers: %s %s", self.cpu.mode, self.cpu.layers)
@@ -243,6 +250,17 @@ class ModelRunner:
             backend = TorchAttnBackend(self.kv_pool, self.req_to_token, *shape)
         backend.set_layer_attention(layer_attention(cfg))  # windows, soft caps, scales
         return backend
+
+    def _warm_extend(self) -> None:
+        """Compile the extend path's kernels now, not on the first request (runtime/warmup.py)."""
+        from radixlm.runtime.warmup import extend_shapes, warm_extend
+
+        chunk = self.args.chunked_prefill_size or 8192
+        chunk = self.args.max_prefill_tokens if chunk == -1 else chunk
+        capacity = self.kv_pool.allocator.available()
+        shapes = extend_shapes(chunk, self.max_running, capacity)
+        seconds = warm_extend(self, shapes)
+        logger.info("extend warm-up: %d shapes in %.2f s of start-up", len(shapes), seconds)
 
     # ---- forward -------------------------------------------------------------------------------
     @torch.inference_mode()

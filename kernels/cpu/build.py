@@ -1,6 +1,6 @@
 """Build and load the CPU kernel library (`linear.cpp`) once per machine, into a cache folder.
 
-The sources (`linear.cpp`, `attention.cpp`) compile into one shared library per instruction set: `avx512` (AVX-512 F/BW/VL/DQ +
+The sources (`linear.cpp`, `attention.cpp`, `norm.cpp`) compile into one shared library per instruction set: `avx512` (AVX-512 F/BW/VL/DQ +
 AVX2/FMA/F16C) and `avx2` (AVX2/FMA/F16C). `load()` picks the widest one this CPU runs (torch's
 own run-time detection, `torch.backends.cpu.get_cpu_capability()`), builds it on first use with
 the system C++ compiler (`$CXX`, else g++ or c++; OpenMP) into
@@ -27,7 +27,7 @@ import tempfile
 logger = logging.getLogger(__name__)
 
 _DIR = os.path.dirname(__file__)
-_SOURCES = [os.path.join(_DIR, f) for f in ("linear.cpp", "attention.cpp")]
+_SOURCES = [os.path.join(_DIR, f) for f in ("linear.cpp", "attention.cpp", "norm.cpp")]
 _HEADERS = [os.path.join(_DIR, "linear_simd.h")]
 _FLAGS = {
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
@@ -98,6 +98,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.rl_decode_attention.argtypes = [p, p, p, i32, p, i64, p, p, i64, i64, i64, i64]
     lib.rl_decode_attention.argtypes += [ctypes.c_float, p]
     lib.rl_decode_attention.restype = i32
+    lib.rl_rmsnorm.argtypes = [p, p, p, ctypes.c_float, i64, i64, p, p]
+    lib.rl_rmsnorm.restype = i32
     for fn in (lib.rl_linear_dense, lib.rl_linear_quant, lib.rl_dequant, lib.rl_simd_width):
         fn.restype = i32
     return lib

@@ -121,7 +121,8 @@ class Linear(nn.Module):
 
 class RMSNorm(nn.Module):
     """HF Llama's RMSNorm (fp32 statistics, weight applied in the input dtype), optionally fused
-    with the residual add that precedes it. `fused` runs the Triton kernel (GPU)."""
+    with the residual add that precedes it. `fused` runs the Triton kernel (GPU); on CPU, fp32
+    inputs run the C++ kernel (`kernels/cpu/norm.py`) where it is available."""
 
     def __init__(self, size: int, eps: float, fused: bool = False) -> None:
         super().__init__()
@@ -138,6 +139,12 @@ class RMSNorm(nn.Module):
             if residual is None:
                 return rmsnorm.rmsnorm(x, self.weight, self.eps)
             return rmsnorm.fused_add_rmsnorm(x, residual, self.weight, self.eps)
+        if x.device.type == "cpu" and x.dtype == torch.float32:
+            from radixlm.kernels.cpu.norm import rmsnorm as cpu_rmsnorm
+
+            out = cpu_rmsnorm(x, residual, self.weight, self.eps)  # one C++ call (None: torch)
+            if out is not None:
+                return out
         if residual is not None:
             x = x + residual
             residual = x

@@ -111,3 +111,20 @@ def test_decode_attention_matches_reference(dtype: torch.dtype) -> None:
     want = decode_attention_ref(q, k_pool, v_pool, table, rows, seq_lens, d**-0.5)
     assert got is not None
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@needs_lib
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize("rows", [1, 40])
+def test_rmsnorm_matches_reference(with_residual: bool, rows: int) -> None:
+    from radixlm.kernels.cpu.norm import rmsnorm, rmsnorm_ref
+
+    x, w = torch.randn(rows, 576), torch.randn(576)
+    res = torch.randn(rows, 576) if with_residual else None
+    got, want = rmsnorm(x, res, w, 1e-5), rmsnorm_ref(x, res, w, 1e-5)
+    assert got is not None
+    if with_residual:
+        torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+        assert torch.equal(got[1], want[1])  # the residual sum is exact
+    else:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
