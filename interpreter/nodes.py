@@ -11,6 +11,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from radixlm.interpreter.spans import Span
+from radixlm.interpreter.speculative import can_speculate, consume_constant, speculative_gen
 from radixlm.lang.errors import LangError
 from radixlm.lang.ir import (
     CommitLazy,
@@ -51,6 +52,8 @@ class NodeRunner:
     _cur_role: str | None
     _cur_role_begin_pos: int
     _scope_start: dict[str, int]
+    num_api_spec_tokens: int | None
+    speculated_text: str
 
     def _changed(self) -> None:
         raise NotImplementedError
@@ -64,6 +67,7 @@ class NodeRunner:
         elif isinstance(node, Gen):
             self._gen(node)
         elif isinstance(node, Select):
+            self.speculated_text = ""  # NOTE: the choice may differ from the speculated text
             decision = self.backend.select(
                 self.text_, node.choices, node.temperature, node.choices_method
             )
@@ -95,6 +99,8 @@ class NodeRunner:
             raise TypeError(f"unknown expression {node!r}")
 
     def _fill(self, value: str, kind: str, name: str | None = None) -> None:
+        if self.speculated_text and kind not in ("gen", "select"):
+            self.speculated_text = consume_constant(self.speculated_text, value)
         with self._cond:
             self.text_ += value
             last = self.spans[-1] if self.spans else None
@@ -121,7 +127,12 @@ class NodeRunner:
     def _gen(self, node: Gen) -> None:
         params = self.default_params.merge(node.params).with_extra_stop(self.chat_template.stop_str)
         if not self.stream:
-            text, meta = self.backend.generate(self.text_, params)
+            if self.num_api_spec_tokens is not None and can_speculate(params, self._cur_role):
+                text, meta, self.speculated_text = speculative_gen(
+                    self.backend, self.text_, params, self.speculated_text, self.num_api_spec_tokens
+                )
+            else:
+                text, meta = self.backend.generate(self.text_, params)
             self._fill(text, "gen", node.name)
             self._set_result(node.name, text, meta)
             return
