@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from radixlm.interpreter.spans import Span
@@ -22,11 +23,13 @@ from radixlm.lang.ir import (
     RoleBegin,
     RoleEnd,
     Select,
+    SeparateReasoning,
     Variable,
     VarScopeBegin,
     VarScopeEnd,
     walk,
 )
+from radixlm.lang.reasoning import split_reasoning
 
 if TYPE_CHECKING:
     from radixlm.interpreter.backend import Backend
@@ -87,6 +90,8 @@ class NodeRunner:
         elif isinstance(node, CommitLazy):
             if self.text_:
                 self.backend.cache_prefix(self.text_)
+        elif isinstance(node, SeparateReasoning):
+            self._separate_reasoning(node)
         elif isinstance(node, ConcatAndAppend):
             pieces = []
             for state in node.states:
@@ -148,6 +153,23 @@ class NodeRunner:
                     self.meta_info[node.name] = meta
                 self._changed()
         self._set_result(node.name, value, meta)
+
+    def _separate_reasoning(self, node: SeparateReasoning) -> None:
+        value = str(self.get_var(node.name))
+        reasoning, content = split_reasoning(value, node.model_type)
+        with self._cond:
+            # NOTE: the gen's text is the end of the state's text (this node follows it).
+            if self.text_.endswith(value):
+                self.text_ = self.text_[: len(self.text_) - len(value)] + content
+                # Spans partition the text: the gen's span keeps the answer only.
+                for k in range(len(self.spans) - 1, -1, -1):
+                    span = self.spans[k]
+                    if span.kind in ("gen", "select") and span.name == node.name:
+                        self.spans[k] = replace(span, text=content)
+                        break
+            self.variables[node.name] = content
+            self._changed()
+        self._set_result(node.reasoning_name, reasoning or "", None)
 
     def _role_begin(self, role: str) -> None:
         if self._cur_role is not None:

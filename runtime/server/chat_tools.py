@@ -27,6 +27,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from radixlm.lang.tools import any_call_schema, function_specs, named_call_schema
 from radixlm.runtime.server.errors import ApiError
 from radixlm.runtime.server.tool_parsers import ToolCall, ToolCallParser, get_parser
 
@@ -59,19 +60,6 @@ class ToolPlan:
         return None, calls
 
 
-def _function(tool: Any, i: int) -> dict[str, Any]:
-    where = f"tools.{i}"
-    if not isinstance(tool, dict) or tool.get("type", "function") != "function":
-        raise ApiError(400, f"{where}: only tools of type 'function' are supported", "tools")
-    fn = tool.get("function")
-    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-        raise ApiError(400, f"{where}.function.name is required", "tools")
-    params = fn.get("parameters", {"type": "object", "properties": {}})
-    if not isinstance(params, dict):
-        raise ApiError(400, f"{where}.function.parameters must be a JSON schema object", "tools")
-    return {"name": fn["name"], "description": fn.get("description", ""), "parameters": params}
-
-
 def plan_tools(
     tools: Any, tool_choice: Any, parallel: bool | None, parser_name: str | None
 ) -> ToolPlan | None:
@@ -80,10 +68,10 @@ def plan_tools(
         if tool_choice not in (None, "none", "auto"):
             raise ApiError(400, "tool_choice needs tools", "tool_choice")
         return None
-    if not isinstance(tools, list):
-        raise ApiError(400, "tools must be a list", "tools")
-    fns = [_function(t, i) for i, t in enumerate(tools)]
-    by_name = {f["name"]: f for f in fns}
+    try:
+        fns = function_specs(tools)
+    except ValueError as exc:
+        raise ApiError(400, str(exc), "tools") from None
     choice = "auto" if tool_choice is None else tool_choice
     if choice == "none":
         return None
@@ -97,20 +85,14 @@ def plan_tools(
             )
         return ToolPlan(list(tools), "auto", None, get_parser(parser_name), None)
     if choice == "required":
-        items = [
-            {"type": "object", "properties": {"name": {"const": f["name"]}, "parameters": f["parameters"]},
-             "required": ["name", "parameters"], "additionalProperties": False}
-            for f in fns
-        ]  # fmt: skip
-        schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": items}}
-        if parallel is False:
-            schema["maxItems"] = 1
-        return ToolPlan(list(tools), "required", None, None, schema)
+        return ToolPlan(list(tools), "required", None, None, any_call_schema(fns, parallel))
     if isinstance(choice, dict) and choice.get("type") == "function":
         name = (choice.get("function") or {}).get("name")
-        if name not in by_name:
-            raise ApiError(400, f"tool_choice names {name!r}, which is not in tools", "tool_choice")
-        return ToolPlan(list(tools), "named", name, None, by_name[name]["parameters"])
+        try:
+            schema = named_call_schema(fns, name)
+        except ValueError as exc:
+            raise ApiError(400, str(exc), "tool_choice") from None
+        return ToolPlan(list(tools), "named", name, None, schema)
     raise ApiError(
         400,
         "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}",
@@ -127,11 +109,10 @@ def template_mentions_tools(tokenizer: Any) -> bool:
 def tools_system_message(plan: ToolPlan) -> dict[str, str]:
     """The tools as a system message, for chat templates that do not render `tools`."""
     listed = "\n".join(json.dumps(t.get("function", t), ensure_ascii=False) for t in plan.tools)
-    if plan.schema is not None:
+    if plan.schema is not None or plan.parser is None:
         how = "Answer with the call as JSON only."
     else:
-        how = ('To call a function, answer with <tool_call>{"name": ..., "arguments": {...}}'
-               "</tool_call> (one block per call).")  # fmt: skip
+        how = f"To call a function, answer with {plan.parser.HINT} (one per call)."
     return {"role": "system", "content": f"You can call these functions:\n{listed}\n{how}"}
 
 

@@ -1,5 +1,5 @@
 """Reasoning parsers (`--reasoning-parser`, SGLang's names): split a reasoning model's
-`<think>...</think>` section from its answer.
+`<think>...</think>` section from its answer (the split itself: lang/reasoning.py).
 
     qwen3        Qwen3: the output may open with `<think>`; reasoning runs to `</think>`. An output
                  without `<think>` is all answer (thinking disabled in the template).
@@ -14,14 +14,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
-THINK, END_THINK = "<think>", "</think>"
-
-
-class Split(NamedTuple):
-    reasoning: str | None  # None: no reasoning section
-    content: str
+from radixlm.lang.reasoning import END_THINK, MODEL_TYPES, THINK, Split, split_reasoning
 
 
 @dataclass(frozen=True)
@@ -30,24 +24,10 @@ class ReasoningParser:
     starts_inside: bool  # the prompt already opened <think> (deepseek-r1)
 
     def split(self, text: str) -> Split:
-        body = text.lstrip()
-        opened = body.startswith(THINK)
-        if opened:
-            body = body[len(THINK) :]
-        elif not self.starts_inside:
-            return Split(None, text)
-        else:
-            body = text
-        end = body.find(END_THINK)
-        if end < 0:
-            return Split(body.strip(), "")
-        return Split(body[:end].strip(), body[end + len(END_THINK) :].lstrip())
+        return split_reasoning(text, self.name)
 
 
-REASONING_PARSERS = {
-    "qwen3": ReasoningParser("qwen3", starts_inside=False),
-    "deepseek-r1": ReasoningParser("deepseek-r1", starts_inside=True),
-}
+REASONING_PARSERS = {name: ReasoningParser(name, inside) for name, inside in MODEL_TYPES.items()}
 
 
 def _partial_suffix(text: str, tag: str) -> int:

@@ -35,6 +35,9 @@ class ParsedTools(NamedTuple):
 class ToolCallParser(ABC):
     """One model family's tool-call format."""
 
+    # How a call looks, for prompts whose chat template does not render tools itself.
+    HINT = ""
+
     @abstractmethod
     def start(self, text: str) -> int:
         """Where tool calls begin in `text`, or -1 (a prefix of a marker at the end counts)."""
@@ -96,6 +99,7 @@ def _json_values(text: str) -> list[Any] | None:
 
 class HermesParser(ToolCallParser):
     START, END = "<tool_call>", "</tool_call>"
+    HINT = '<tool_call>{"name": <function name>, "arguments": {...}}</tool_call>'
 
     def start(self, text: str) -> int:
         return _marker_start(text, self.START)
@@ -117,6 +121,7 @@ class HermesParser(ToolCallParser):
 
 class Llama3Parser(ToolCallParser):
     TAG = "<|python_tag|>"
+    HINT = '{"name": <function name>, "parameters": {...}}'
 
     def start(self, text: str) -> int:
         tag = _marker_start(text, self.TAG)
@@ -136,6 +141,7 @@ class Llama3Parser(ToolCallParser):
 
 class MistralParser(ToolCallParser):
     TAG = "[TOOL_CALLS]"
+    HINT = '[TOOL_CALLS] [{"name": <function name>, "arguments": {...}}]'
 
     def start(self, text: str) -> int:
         return _marker_start(text, self.TAG)
@@ -150,6 +156,8 @@ class MistralParser(ToolCallParser):
 
 
 class PythonicParser(ToolCallParser):
+    HINT = "[function_name(argument=value, ...)]"
+
     def start(self, text: str) -> int:
         stripped = text.lstrip()
         return len(text) - len(stripped) if stripped.startswith("[") else -1

@@ -16,8 +16,12 @@ COMPAT_API_KEY = "compat-key"
 @pytest.fixture(scope="session")
 def compat_server() -> Iterator[ServerProcess]:
     server = ServerProcess(
-        "--tool-call-parser", "qwen25", "--reasoning-parser", "qwen3", api_key=COMPAT_API_KEY
-    )
+        "--tool-call-parser", "qwen25", "--reasoning-parser", "qwen3",
+        # NOTE: the corpus's larger schemas compile in seconds, but a loaded 2-core CI machine
+        # can stretch that past the 30 s default.
+        "--grammar-compile-timeout", "180",
+        api_key=COMPAT_API_KEY,
+    )  # fmt: skip
     try:
         server.wait_ready()
         yield server

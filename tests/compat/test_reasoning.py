@@ -113,3 +113,26 @@ def test_separate_reasoning_endpoint(compat_server: ServerProcess) -> None:
     assert out == {"text": "Yes.", "reasoning_text": "hm"}
     bad = c.post("/separate_reasoning", json={"text": "x", "reasoning_parser": "nope"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "reasoning_parser"
+
+
+def test_language_separate_reasoning(compat_server: ServerProcess) -> None:
+    """SGLang's helper name in radixlm's language, on 8 sampled (temperature 0.8) runs."""
+    import radixlm as rl
+
+    backend = rl.RuntimeEndpoint(compat_server.base_url, api_key=compat_server.api_key)
+
+    @rl.function
+    def think(s: Any) -> None:
+        s += rl.user("Say a word.")
+        s += rl.assistant(
+            rl.separate_reasoning(rl.gen("answer", regex=THINKING, max_tokens=40), "qwen3")
+        )
+
+    states = think.run_batch([{}] * 8, backend=backend, temperature=0.8)
+    for state in states:
+        assert re.fullmatch(r"[A-Z][a-z]{1,8}\.", state["answer"]), state.text()
+        assert re.fullmatch(r"[a-z ]{0,12}", state["answer_reasoning_content"])
+        assert "<think>" not in state.text() and state.messages()[-1]["content"] == state["answer"]
+    with pytest.raises(ValueError, match="model_type"):
+        rl.separate_reasoning(rl.gen("x"), "nope")
+    backend.shutdown()

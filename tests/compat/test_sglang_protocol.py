@@ -58,7 +58,7 @@ GENERATE_VALUES: dict[str, Any] = {
     "require_reasoning": True,
     "routed_dp_rank": 0,
     "disagg_prefill_dp_rank": 0,
-    "data_parallel_rank": 0,
+    "data_parallel_rank": 1,  # 0 (the only rank) is accepted
     "background": True,
     "conversation_id": "conv-1",
     "priority": 1,
@@ -116,7 +116,8 @@ SAMPLING_VALUES: dict[str, Any] = {
     "logit_bias": {"1": 1.0},
     "sampling_seed": 7,
 }
-SAMPLING_REJECTED = {"structural_tag", "custom_params", "stream_interval"}
+# ebnf: rejected by the outlines grammar backend (the only one), by name.
+SAMPLING_REJECTED = {"structural_tag", "custom_params", "stream_interval", "ebnf"}
 
 
 def _wheel_file(*parts: str) -> str:

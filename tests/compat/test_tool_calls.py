@@ -91,16 +91,21 @@ def client(compat_server: ServerProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=compat_server.base_url + "/v1", api_key=compat_server.api_key)
 
 
+def _tools(i: int) -> list[dict[str, Any]]:
+    """Tool i and the next two: a short prompt (the whole corpus would be ~2.7k tokens)."""
+    return [TOOLS[(i + k) % len(TOOLS)] for k in range(3)]
+
+
 def _ask(client: openai.OpenAI, i: int, **kwargs: Any) -> Any:
     return client.chat.completions.create(
-        model="default", messages=[{"role": "user", "content": ASKS[i]}], tools=TOOLS,
-        temperature=0.8, seed=i, max_tokens=300, **kwargs,
+        model="default", messages=[{"role": "user", "content": ASKS[i]}], tools=_tools(i),
+        temperature=0.8, seed=i, max_tokens=700, **kwargs,
     )  # fmt: skip
 
 
-def _check_call(call: Any, name: str | None = None) -> None:
+def _check_call(call: Any, names: list[str]) -> None:
     assert call.type == "function" and call.id.startswith("call_")
-    assert call.function.name in SCHEMAS and (name is None or call.function.name == name)
+    assert call.function.name in names, (call.function.name, names)
     args = json.loads(call.function.arguments)
     jsonschema.validate(args, SCHEMAS[call.function.name], format_checker=CHECKER)
 
@@ -109,7 +114,8 @@ def _check_call(call: Any, name: str | None = None) -> None:
 def test_named_and_required_calls_always_parse_and_validate(
     client: openai.OpenAI, compat_server: ServerProcess
 ) -> None:
-    """Every function of the corpus named once (32 seeds), and `required` over 8 seeds."""
+    """Every function of the corpus named once (32 seeds), and `required` over 8 seeds; each
+    request offers the function and the next two of the corpus."""
 
     def named(i: int) -> None:
         name = TOOLS[i]["function"]["name"]
@@ -117,14 +123,14 @@ def test_named_and_required_calls_always_parse_and_validate(
         choice = resp.choices[0]
         assert choice.finish_reason == "tool_calls", choice
         assert choice.message.content is None and len(choice.message.tool_calls) == 1
-        _check_call(choice.message.tool_calls[0], name)
+        _check_call(choice.message.tool_calls[0], [name])
 
     def required(i: int) -> None:
         resp = _ask(client, i, tool_choice="required", parallel_tool_calls=False)
         choice = resp.choices[0]
         assert choice.finish_reason == "tool_calls", choice
         assert len(choice.message.tool_calls) == 1
-        _check_call(choice.message.tool_calls[0])
+        _check_call(choice.message.tool_calls[0], [t["function"]["name"] for t in _tools(i)])
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(named, range(len(TOOLS))))
@@ -188,3 +194,31 @@ def test_bad_tool_requests_name_the_field(
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(**args)
     assert err.value.body["param"] == param and message in err.value.body["message"], err.value.body
+
+
+def test_language_gen_with_tools(compat_server: ServerProcess) -> None:
+    """`rl.gen(tools=...)`: the same constraint in a program (8 seeds at temperature 0.8)."""
+    import radixlm as rl
+
+    backend = rl.RuntimeEndpoint(compat_server.base_url, api_key=compat_server.api_key)
+
+    @rl.function
+    def call(s: Any, ask: str, choice: str) -> None:
+        s += rl.user(ask)
+        s += rl.assistant(rl.gen("call", tools=TOOLS[:3], tool_choice=choice, max_tokens=700))
+
+    args = [
+        {"ask": ASKS[i % 3], "choice": "required" if i % 2 else "get_forecast"} for i in range(8)
+    ]
+    states = call.run_batch(args, backend=backend, temperature=0.8)
+    for arg, state in zip(args, states):
+        value = json.loads(state["call"])
+        if arg["choice"] == "required":
+            assert isinstance(value, list) and value
+            for c in value:
+                jsonschema.validate(c["parameters"], SCHEMAS[c["name"]], format_checker=CHECKER)
+        else:
+            jsonschema.validate(value, SCHEMAS["get_forecast"], format_checker=CHECKER)
+    with pytest.raises(ValueError, match="not in tools"):
+        rl.gen("x", tools=TOOLS[:2], tool_choice="nope")
+    backend.shutdown()

@@ -40,7 +40,7 @@ TOOLS: list[dict[str, Any]] = [
     _fn("calculate", "Evaluate arithmetic", {"expression": S}, ["expression"]),
     _fn("lookup_user", "Find a user by id", {"user_id": {"type": "string", "format": "uuid"}}, ["user_id"]),
     _fn("fetch_url", "Download a web page", {"url": {"type": "string", "format": "uri"}}, ["url"]),
-    _fn("schedule_meeting", "Schedule a meeting", {"attendees": {"type": "array", "items": {"type": "string", "format": "email"}, "minItems": 1, "maxItems": 5}, "start": {"type": "string", "format": "date-time"}, "duration_minutes": {"type": "integer", "minimum": 15, "maximum": 240}}, ["attendees", "start"]),
+    _fn("schedule_meeting", "Schedule a meeting", {"attendees": {"type": "array", "items": S, "minItems": 1, "maxItems": 5}, "start": {"type": "string", "format": "date-time"}, "duration_minutes": {"type": "integer", "minimum": 15, "maximum": 240}}, ["attendees", "start"]),
     _fn("order_pizza", "Order a pizza", {"size": {"type": "string", "enum": ["small", "medium", "large"]}, "toppings": {"type": "array", "items": {"type": "string", "enum": ["cheese", "ham", "mushroom", "olive", "pepper"]}, "maxItems": 4}}, ["size"]),
     _fn("set_thermostat", "Set the temperature", {"degrees": {"type": "number", "minimum": 10, "maximum": 30}, "room": S}, ["degrees"]),
     _fn("get_news", "Latest headlines", {"topic": {"type": "string", "enum": ["world", "business", "sports", "science", "tech"]}, "count": {"type": "integer", "minimum": 1, "maximum": 10}}, ["topic"]),
