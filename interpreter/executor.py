@@ -45,8 +45,11 @@ class StreamExecutor(NodeRunner):
         *,
         stream: bool = False,
         program_name: str = "program",
+        num_api_spec_tokens: int | None = None,
     ) -> None:
         self.sid = uuid.uuid4().hex
+        self.num_api_spec_tokens = num_api_spec_tokens
+        self.speculated_text = ""  # see speculative.py
         self.backend = backend
         self.default_params = default_params
         self.stream = stream

@@ -6,12 +6,13 @@ payload is SGLang's: `{"text" | "input_ids", "sampling_params", "return_logprob"
 "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "stream"}`; a response is
 `{"text", "meta_info"}` (a list of them for a batch), streaming responses carry the cumulative text.
 
-Threading: see `backend.py`; this class keeps no mutable state of its own.
+Threading: see `backend.py`; the only mutable state is `token_usage` (a locked counter).
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from abc import abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 from radixlm.interpreter.backend import Backend, MetaInfo
 from radixlm.interpreter.cancel import current_scope
 from radixlm.interpreter.logprob_select import select_by_logprobs
+from radixlm.interpreter.token_usage import TokenUsage
 from radixlm.lang.choices import ChoicesDecision, ChoicesSamplingMethod
 from radixlm.lang.sampling import SamplingParams
 
@@ -28,6 +30,17 @@ Response = dict[str, Any]
 
 class NativeBackend(Backend):
     """Backend logic over SGLang's native protocol; subclasses provide the transport."""
+
+    _usage_lock = threading.Lock()
+
+    @property
+    def token_usage(self) -> TokenUsage:
+        """SGLang's `backend.token_usage`: prompt and completion tokens of the `gen` calls."""
+        usage = self.__dict__.get("_token_usage")
+        if usage is None:
+            with self._usage_lock:
+                usage = self.__dict__.setdefault("_token_usage", TokenUsage())
+        return usage
 
     @abstractmethod
     def _request(self, payload: Payload) -> Response | list[Response]:
@@ -64,11 +77,12 @@ class NativeBackend(Backend):
         with self._scoped(self._payload(text, params)) as payload:
             out = self._request(payload)
         assert isinstance(out, dict)
+        self.token_usage.add(out["meta_info"])
         return out["text"], out["meta_info"]
 
     def generate_stream(self, text: str, params: SamplingParams) -> Iterator[tuple[str, MetaInfo]]:
         with self._scoped({**self._payload(text, params), "stream": True}) as payload:
-            emitted = ""
+            emitted, meta = "", None
             for chunk in self._request_stream(payload):
                 full = chunk["text"]
                 # NOTE: cumulative text only grows; anything else would mean the runtime retracted
@@ -77,7 +91,9 @@ class NativeBackend(Backend):
                     delta, emitted = full[len(emitted) :], full
                 else:
                     delta = ""
-                yield delta, chunk["meta_info"]
+                meta = chunk["meta_info"]
+                yield delta, meta
+        self.token_usage.add(meta)
 
     def select(
         self,

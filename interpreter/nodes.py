@@ -8,9 +8,11 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from radixlm.interpreter.spans import Span
+from radixlm.interpreter.speculative import can_speculate, consume_constant, speculative_gen
 from radixlm.lang.errors import LangError
 from radixlm.lang.ir import (
     CommitLazy,
@@ -21,11 +23,13 @@ from radixlm.lang.ir import (
     RoleBegin,
     RoleEnd,
     Select,
+    SeparateReasoning,
     Variable,
     VarScopeBegin,
     VarScopeEnd,
     walk,
 )
+from radixlm.lang.reasoning import split_reasoning
 
 if TYPE_CHECKING:
     from radixlm.interpreter.backend import Backend
@@ -51,6 +55,8 @@ class NodeRunner:
     _cur_role: str | None
     _cur_role_begin_pos: int
     _scope_start: dict[str, list[int]]  # NOTE: a stack per name: scopes of one name may nest
+    num_api_spec_tokens: int | None
+    speculated_text: str
 
     def _changed(self) -> None:
         raise NotImplementedError
@@ -64,6 +70,7 @@ class NodeRunner:
         elif isinstance(node, Gen):
             self._gen(node)
         elif isinstance(node, Select):
+            self.speculated_text = ""  # NOTE: the choice may differ from the speculated text
             decision = self.backend.select(
                 self.text_, node.choices, node.temperature, node.choices_method
             )
@@ -86,6 +93,8 @@ class NodeRunner:
         elif isinstance(node, CommitLazy):
             if self.text_:
                 self.backend.cache_prefix(self.text_)
+        elif isinstance(node, SeparateReasoning):
+            self._separate_reasoning(node)
         elif isinstance(node, ConcatAndAppend):
             pieces = []
             for state in node.states:
@@ -98,6 +107,8 @@ class NodeRunner:
             raise TypeError(f"unknown expression {node!r}")
 
     def _fill(self, value: str, kind: str, name: str | None = None) -> None:
+        if self.speculated_text and kind not in ("gen", "select"):
+            self.speculated_text = consume_constant(self.speculated_text, value)
         with self._cond:
             self.text_ += value
             last = self.spans[-1] if self.spans else None
@@ -124,7 +135,12 @@ class NodeRunner:
     def _gen(self, node: Gen) -> None:
         params = self.default_params.merge(node.params).with_extra_stop(self.chat_template.stop_str)
         if not self.stream:
-            text, meta = self.backend.generate(self.text_, params)
+            if self.num_api_spec_tokens is not None and can_speculate(params, self._cur_role):
+                text, meta, self.speculated_text = speculative_gen(
+                    self.backend, self.text_, params, self.speculated_text, self.num_api_spec_tokens
+                )
+            else:
+                text, meta = self.backend.generate(self.text_, params)
             self._fill(text, "gen", node.name)
             self._set_result(node.name, text, meta)
             return
@@ -140,6 +156,23 @@ class NodeRunner:
                     self.meta_info[node.name] = meta
                 self._changed()
         self._set_result(node.name, value, meta)
+
+    def _separate_reasoning(self, node: SeparateReasoning) -> None:
+        value = str(self.get_var(node.name))
+        reasoning, content = split_reasoning(value, node.model_type)
+        with self._cond:
+            # NOTE: the gen's text is the end of the state's text (this node follows it).
+            if self.text_.endswith(value):
+                self.text_ = self.text_[: len(self.text_) - len(value)] + content
+                # Spans partition the text: the gen's span keeps the answer only.
+                for k in range(len(self.spans) - 1, -1, -1):
+                    span = self.spans[k]
+                    if span.kind in ("gen", "select") and span.name == node.name:
+                        self.spans[k] = replace(span, text=content)
+                        break
+            self.variables[node.name] = content
+            self._changed()
+        self._set_result(node.reasoning_name, reasoning or "", None)
 
     def _role_begin(self, role: str) -> None:
         if self._cur_role is not None:

@@ -43,7 +43,13 @@ if TYPE_CHECKING:
 def _new_state(
     function: Function, backend: Backend, defaults: SamplingParams, stream: bool
 ) -> ProgramState:
-    executor = StreamExecutor(backend, defaults, stream=stream, program_name=function.__name__)
+    executor = StreamExecutor(
+        backend,
+        defaults,
+        stream=stream,
+        program_name=function.__name__,
+        num_api_spec_tokens=function.num_api_spec_tokens,
+    )
     return ProgramState(executor)
 
 

@@ -65,6 +65,7 @@ class Function:
         self,
         func: Callable[..., Any],
         bind_arguments: Mapping[str, Any] | None = None,
+        num_api_spec_tokens: int | None = None,
     ) -> None:
         params = list(inspect.signature(func).parameters.values())
         if not params or params[0].kind not in (
@@ -77,6 +78,14 @@ class Function:
         self.__doc__ = func.__doc__
         self.__wrapped__ = func
         self.bind_arguments: dict[str, Any] = dict(bind_arguments or {})
+        if num_api_spec_tokens is not None and (
+            not isinstance(num_api_spec_tokens, int) or num_api_spec_tokens < 1
+        ):
+            raise ValueError(
+                f"num_api_spec_tokens must be an int >= 1, got {num_api_spec_tokens!r}"
+            )
+        # Speculative execution (see interpreter/speculative.py); None: off.
+        self.num_api_spec_tokens = num_api_spec_tokens
         self.arg_names = [p.name for p in params[1:]]
         self.arg_defaults = [p.default for p in params[1:] if p.default is not p.empty]
 
@@ -88,7 +97,7 @@ class Function:
         unknown = set(kwargs) - set(self.arg_names)
         if unknown:
             raise TypeError(f"{self.__name__}() has no argument(s) {sorted(unknown)}")
-        return Function(self.func, {**self.bind_arguments, **kwargs})
+        return Function(self.func, {**self.bind_arguments, **kwargs}, self.num_api_spec_tokens)
 
     def run(
         self,
@@ -206,12 +215,15 @@ class Function:
         return self.run(*args, **kwargs)
 
 
-def function(func: Callable[..., Any] | None = None, **_options: Any) -> Any:
+def function(func: Callable[..., Any] | None = None, num_api_spec_tokens: int | None = None) -> Any:
     """Decorator: turn `def prog(s, ...)` into a runnable generation program.
 
-    Usable bare (`@function`) or with options (`@function()`); SGLang's `num_api_spec_tokens`
-    option is accepted and ignored (speculative API execution is not supported).
+    Usable bare (`@function`) or with options (`@function(num_api_spec_tokens=64)`).
+    `num_api_spec_tokens` (SGLang's option): speculative execution. The program's first `gen`
+    outside a chat role asks for that many tokens at once, with no stop string; it and the
+    following `gen`s take their values from that text as long as the program's own constant text
+    matches it (see interpreter/speculative.py), so one request serves several `gen`s.
     """
     if func is not None:
-        return Function(func)
-    return Function
+        return Function(func, num_api_spec_tokens=num_api_spec_tokens)
+    return lambda f: Function(f, num_api_spec_tokens=num_api_spec_tokens)

@@ -130,6 +130,19 @@ class ConcatAndAppend(Expr):
     states: tuple[Any, ...]
 
 
+@dataclass(frozen=True)
+class SeparateReasoning(Expr):
+    """Split the `<think>` section off variable `name` (a `gen` that just ran): the variable and
+    the state's text keep the answer, `{name}_reasoning_content` gets the reasoning."""
+
+    name: str
+    model_type: str
+
+    @property
+    def reasoning_name(self) -> str:
+        return f"{self.name}_reasoning_content"
+
+
 # Nodes that set a variable when they run (the executor creates a ready-event for each).
 VARIABLE_NODES = (Gen, Select, VarScopeBegin)
 
@@ -138,6 +151,8 @@ def variable_name(expr: Expr) -> str | None:
     """The variable a node sets, if any."""
     if isinstance(expr, VARIABLE_NODES):
         return expr.name
+    if isinstance(expr, SeparateReasoning):
+        return expr.reasoning_name
     return None
 
 

@@ -12,7 +12,18 @@ from typing import Any
 
 from radixlm.lang.choices import ChoicesSamplingMethod, resolve_choices_method
 from radixlm.lang.errors import UnsupportedFeatureError
-from radixlm.lang.ir import Expr, ExprList, Gen, RoleBegin, RoleEnd, Select, as_expr
+from radixlm.lang.ir import (
+    Expr,
+    ExprList,
+    Gen,
+    RoleBegin,
+    RoleEnd,
+    Select,
+    SeparateReasoning,
+    as_expr,
+    walk,
+)
+from radixlm.lang.reasoning import MODEL_TYPES
 from radixlm.lang.sampling import (
     SamplingParams,
     check_ebnf,
@@ -21,6 +32,7 @@ from radixlm.lang.sampling import (
     normalize_json_schema,
     normalize_stop,
 )
+from radixlm.lang.tools import any_call_schema, function_specs, named_call_schema
 
 
 def gen(
@@ -46,15 +58,29 @@ def gen(
     regex: str | None = None,
     json_schema: Any = None,
     ebnf: str | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    tool_choice: str = "required",
 ) -> Gen | Select:
     """Generate text into variable `name`.
 
     Unset arguments take the run's defaults (`f.run(temperature=..., max_new_tokens=...)`).
     `regex` / `json_schema` (a JSON-schema string, a dict or a pydantic model class) constrain
     the output, and so does `ebnf` (a GBNF `root ::= ...` or Lark `start: ...` grammar; the
-    runtime's llguidance grammar backend compiles it); `dtype` (`int`, `float`, `str`, `bool`) is a shorthand for SGLang's regexes;
-    `choices` makes this a `select`.
+    runtime's llguidance grammar backend compiles it); `dtype` (`int`, `float`, `str`, `bool`) is
+    a shorthand for SGLang's regexes; `choices` makes this a `select`. `tools` (OpenAI tool
+    objects) makes this a tool call, constrained by the tools' schemas (lang/tools.py): with
+    `tool_choice="required"` the value is a JSON list `[{"name", "parameters"}, ...]` of calls to
+    any of them, with a function's name it is that function's arguments object.
     """
+    if tools is not None:
+        if regex is not None or json_schema is not None or ebnf is not None or dtype is not None:
+            raise ValueError("tools constrain the output: give no regex, json_schema, ebnf or dtype")
+        specs = function_specs(tools)
+        json_schema = (
+            any_call_schema(specs)
+            if tool_choice == "required"
+            else named_call_schema(specs, tool_choice)
+        )
     if choices:
         return select(name, choices, 0.0 if temperature is None else temperature, choices_method)
     if max_tokens is not None and max_tokens < 0:
@@ -176,3 +202,15 @@ def video(path: Any, num_frames: int = 0) -> Expr:
     raise UnsupportedFeatureError(
         "radixlm does not support multimodal inputs: video() cannot be used (text-only models)"
     )
+
+
+def separate_reasoning(expr: Expr, model_type: str) -> ExprList:
+    """SGLang's `separate_reasoning(gen("answer"), model_type="qwen3")`: run `expr`, then split the
+    `<think>` section off each named `gen` / `select` in it (lang/reasoning.py): `s["answer"]` and
+    the state's text keep the answer, `s["answer_reasoning_content"]` the reasoning."""
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"model_type must be one of {sorted(MODEL_TYPES)}, got {model_type!r}")
+    names = [n.name for n in walk(expr) if isinstance(n, Gen | Select) and n.name]
+    if not names:
+        raise ValueError("separate_reasoning needs a named gen or select")
+    return ExprList((expr, *(SeparateReasoning(name, model_type) for name in names)))

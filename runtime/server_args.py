@@ -33,6 +33,10 @@ class ServerArgs:
     context_length: int | None = None
     skip_tokenizer_init: bool = False
     served_model_name: str | None = None
+    # OpenAI tool calls in the model's format (SGLang's names; runtime/server/tool_parsers.py)
+    tool_call_parser: str | None = None
+    # <think>...</think> -> reasoning_content (runtime/server/reasoning_parsers.py)
+    reasoning_parser: str | None = None
     random_seed: int | None = None
     # fp8: Linear weights quantized to float8_e4m3 at load (a scale per output channel) and
     # activations per token at run time (GPU: cuBLASLt FP8 GEMMs; see runtime/models/fp8.py).
@@ -131,6 +135,17 @@ class ServerArgs:
                 raise InvalidRequestError(f"{name} must be a positive number of seconds", name)
         if not self.shutdown_timeout >= 0:
             raise InvalidRequestError("shutdown_timeout must be >= 0 seconds", "shutdown_timeout")
+        from radixlm.runtime.server.reasoning_parsers import REASONING_PARSERS
+        from radixlm.runtime.server.tool_parsers import TOOL_CALL_PARSERS
+
+        if self.reasoning_parser not in (None, *REASONING_PARSERS):
+            raise InvalidRequestError(
+                f"reasoning_parser must be one of {sorted(REASONING_PARSERS)}", "reasoning_parser"
+            )
+        if self.tool_call_parser not in (None, *TOOL_CALL_PARSERS):
+            raise InvalidRequestError(
+                f"tool_call_parser must be one of {sorted(TOOL_CALL_PARSERS)}", "tool_call_parser"
+            )
         if self.stream_interval < 1:
             raise InvalidRequestError("stream_interval must be >= 1", "stream_interval")
         if not 0 < self.port < 65536:

@@ -3,6 +3,7 @@
 
     GET  /server_info, /model_info       SGLang's current names of /get_server_info, /get_model_info
     POST /concate_and_append_request     SGLang's parallel-encoding join (see below)
+    POST /separate_reasoning             `<think>` section / answer of a text (reasoning_parsers.py)
     GET|POST /start_profile, /stop_profile, POST /encode, POST /v1/embeddings
                                          rejected: 400 naming the missing feature
 
@@ -28,8 +29,14 @@ from radixlm.runtime.server import native_api
 from radixlm.runtime.server.errors import ApiError
 from radixlm.runtime.server.http_utils import json_response, parse_body
 from radixlm.runtime.server.protocol import StrictModel
+from radixlm.runtime.server.reasoning_parsers import REASONING_PARSERS
 
 router = APIRouter()
+
+
+class SeparateReasoningRequest(StrictModel):
+    text: str
+    reasoning_parser: str | None = None
 
 
 class ConcateAndAppendRequest(StrictModel):
@@ -55,6 +62,22 @@ async def concate_and_append(request: Request) -> Response:
     return json_response(
         {"success": True, "mode": "text", "src_rids": body.src_rids, "dst_rid": body.dst_rid}
     )
+
+
+@router.post("/separate_reasoning")
+async def separate_reasoning(request: Request) -> Response:
+    """SGLang's `/separate_reasoning`: `{"text", "reasoning_parser"}` (default: the server's
+    `--reasoning-parser`) -> `{"text": answer, "reasoning_text": reasoning}`."""
+    body = await parse_body(request, SeparateReasoningRequest)
+    name = body.reasoning_parser or request.app.state.server.args.reasoning_parser
+    if name not in REASONING_PARSERS:
+        raise ApiError(
+            400,
+            f"reasoning_parser must be one of {sorted(REASONING_PARSERS)} (got {name!r})",
+            "reasoning_parser",
+        )
+    reasoning, content = REASONING_PARSERS[name].split(body.text)
+    return json_response({"text": content, "reasoning_text": reasoning or ""})
 
 
 _UNSUPPORTED = {

@@ -14,7 +14,7 @@ Threading: handlers run on uvicorn's event loop.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -24,6 +24,8 @@ from radixlm.runtime import request_batch
 from radixlm.runtime.errors import RadixLMError
 from radixlm.runtime.request_batch import RequestBatch
 from radixlm.runtime.server import openai_format as fmt
+from radixlm.runtime.server import reasoning_stream
+from radixlm.runtime.server.chat_tools import ToolStream, apply_to_response, plan_tools
 from radixlm.runtime.server.errors import ApiError, to_api_error
 from radixlm.runtime.server.http_utils import (
     SSE_DONE,
@@ -42,6 +44,8 @@ from radixlm.runtime.server.openai_serving import (
     chat_batch,
     completion_batch,
 )
+from radixlm.runtime.server.reasoning_parsers import REASONING_PARSERS
+from radixlm.runtime.server.reasoning_stream import ReasoningChunks
 from radixlm.runtime.server.state import ServerState
 
 router = APIRouter()
@@ -110,7 +114,13 @@ async def chat_completions(request: Request) -> Response:
     if body.max_completion_tokens is None:
         rename["max_new_tokens"] = "max_tokens"
     try:
-        batch = chat_batch(body, state)
+        tools = plan_tools(
+            body.tools, body.tool_choice, body.parallel_tool_calls, state.args.tool_call_parser
+        )
+        batch = chat_batch(body, state, tools)
+        parser_name = state.args.reasoning_parser
+        separate = parser_name is not None and body.separate_reasoning is not False
+        thinking = REASONING_PARSERS[parser_name] if separate and parser_name else None
         model = body.model or state.model_name
         want_lp = bool(body.logprobs)
         tb = TokenBytes.of(state.tokenizer) if want_lp else None
@@ -118,9 +128,14 @@ async def chat_completions(request: Request) -> Response:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             total = len(batch.flat)
             conv = fmt.StreamConverter(True, model, total, total, include_usage, want_lp, None, tb)
-            return await _stream(request, state, batch, conv, rename)
+            filters: list[Any] = [ReasoningChunks(thinking)] if thinking else []
+            filters += [ToolStream(tools)] if tools is not None else []
+            return await _stream(request, state, batch, conv, rename, filters)
         results = await run_until_disconnect(request, request_batch.collect(state.engine, batch))
-        return json_response(fmt.chat_response(results, model, want_lp, tb))
+        response = fmt.chat_response(results, model, want_lp, tb)
+        if thinking is not None:
+            response = reasoning_stream.apply_to_response(thinking, response)
+        return json_response(response if tools is None else apply_to_response(tools, response))
     except RadixLMError as exc:
         raise to_api_error(exc, rename) from exc
 
@@ -140,18 +155,24 @@ def _echo_texts(state: ServerState, batch: RequestBatch) -> list[str]:
 
 async def _stream(
     request: Request, state: ServerState, batch: RequestBatch, conv: fmt.StreamConverter,
-    rename: Mapping[str, str],
+    rename: Mapping[str, str], filters: Sequence[Any] = (),
 ) -> Response:  # fmt: skip
     chunks = request_batch.stream(state.engine, batch)
     first, done = await first_item(request, chunks)  # errors before the first token: a 4xx/5xx
 
+    def convert(chunk: dict[str, Any]) -> list[dict[str, Any]]:
+        out = conv.convert(chunk)
+        for f in filters:  # reasoning split, then tool calls
+            out = f.filter(out)
+        return out
+
     async def events() -> AsyncIterator[bytes]:
         try:
             if not done:
-                for obj in conv.convert(first):
+                for obj in convert(first):
                     yield sse_event(obj)
                 async for chunk in chunks:
-                    for obj in conv.convert(chunk):
+                    for obj in convert(chunk):
                         yield sse_event(obj)
                 for obj in conv.tail():
                     yield sse_event(obj)

@@ -118,14 +118,15 @@ class ChatCompletionRequest(_SamplingExtras):
     reasoning_effort: str | None = None
     verbosity: str | None = None
     modalities: list[str] | None = None
-    tool_choice: str | dict[str, Any] | None = None
     # SGLang chat extensions.
     continue_final_message: bool | None = False
     chat_template_kwargs: dict[str, Any] | None = None
     separate_reasoning: bool | None = None
     stream_reasoning: bool | None = None
-    # Rejected when set (not implemented).
+    # OpenAI tool calling (chat_tools.py).
     tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    # Rejected when set (not implemented).
     functions: list[Any] | None = None
     function_call: Any = None
     audio: Any = None
@@ -134,7 +135,6 @@ class ChatCompletionRequest(_SamplingExtras):
 
 
 UNSUPPORTED_CHAT_FIELDS = (
-    "tools",
     "functions",
     "function_call",
     "audio",

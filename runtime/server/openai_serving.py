@@ -20,6 +20,11 @@ from jinja2 import TemplateError
 
 from radixlm.runtime import request_batch
 from radixlm.runtime.request_batch import RequestBatch
+from radixlm.runtime.server.chat_tools import (
+    ToolPlan,
+    template_mentions_tools,
+    tools_system_message,
+)
 from radixlm.runtime.server.errors import ApiError
 from radixlm.runtime.server.openai_protocol import (
     UNSUPPORTED_CHAT_FIELDS,
@@ -115,7 +120,9 @@ def completion_batch(req: CompletionRequest) -> RequestBatch:
     )
 
 
-def chat_batch(req: ChatCompletionRequest, state: ServerState) -> RequestBatch:
+def chat_batch(
+    req: ChatCompletionRequest, state: ServerState, tools: ToolPlan | None = None
+) -> RequestBatch:
     for name in UNSUPPORTED_CHAT_FIELDS:
         if getattr(req, name):
             raise ApiError(400, f"{name} is not supported by radixlm", name)
@@ -125,7 +132,7 @@ def chat_batch(req: ChatCompletionRequest, state: ServerState) -> RequestBatch:
         if not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
             msg = f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {req.top_logprobs}"
             raise ApiError(400, msg, "top_logprobs")
-    ids = chat_prompt_ids(req, state.tokenizer)
+    ids = chat_prompt_ids(req, state.tokenizer, tools)
     given = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     if given is not None and given < 1:
@@ -133,9 +140,16 @@ def chat_batch(req: ChatCompletionRequest, state: ServerState) -> RequestBatch:
     tm = state.engine
     limit = min(tm.context_len, tm.max_total_tokens)
     max_new = given if given is not None else max(1, limit - len(ids))
+    sp = sampling_params(req, max_new)
+    if tools is not None and tools.schema is not None:
+        taken = [k for k in ("json_schema", "regex", "ebnf") if k in sp]
+        if taken:
+            raise ApiError(400, f"tool_choice {tools.choice!r} constrains the output: drop {taken[0]}",
+                           "tool_choice")  # fmt: skip
+        sp["json_schema"] = json.dumps(tools.schema)
     return request_batch.expand_request(
         input_ids=ids,
-        sampling_params=sampling_params(req, max_new),
+        sampling_params=sp,
         return_logprob=bool(req.logprobs),
         top_logprobs_num=req.top_logprobs or 0,
         return_text_in_logprobs=bool(req.logprobs),
@@ -144,7 +158,9 @@ def chat_batch(req: ChatCompletionRequest, state: ServerState) -> RequestBatch:
     )
 
 
-def chat_prompt_ids(req: ChatCompletionRequest, tokenizer: Any) -> list[int]:
+def chat_prompt_ids(
+    req: ChatCompletionRequest, tokenizer: Any, tools: ToolPlan | None = None
+) -> list[int]:
     if tokenizer is None:
         raise ApiError(
             400, "chat needs a tokenizer (the server runs with skip_tokenizer_init)", "messages"
@@ -163,15 +179,25 @@ def chat_prompt_ids(req: ChatCompletionRequest, tokenizer: Any) -> list[int]:
                 texts.append(part.text)
             content = "\n".join(texts)
         role = "system" if msg.role == "developer" else msg.role
-        messages.append({"role": role, "content": content or ""})
+        message: dict[str, Any] = {"role": role, "content": content or ""}
+        for key in ("tool_calls", "tool_call_id", "name"):  # tool-use turns, for the template
+            if getattr(msg, key, None) is not None:
+                message[key] = getattr(msg, key)
+        messages.append(message)
     cont = bool(req.continue_final_message)
+    template_kwargs = dict(req.chat_template_kwargs or {})
+    if tools is not None:
+        if template_mentions_tools(tokenizer):
+            template_kwargs["tools"] = tools.tools
+        else:
+            messages.insert(0, tools_system_message(tools))
     try:
         text = tokenizer.apply_chat_template(
             messages,
             tokenize=False,
             add_generation_prompt=not cont,
             continue_final_message=cont,
-            **(req.chat_template_kwargs or {}),
+            **template_kwargs,
         )
     except (TemplateError, ValueError, TypeError) as exc:
         raise ApiError(

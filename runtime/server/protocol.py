@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, PrivateAttr, model_validator
 
 from radixlm.runtime.errors import InvalidRequestError
+from radixlm.runtime.server.sglang_fields import split_sglang_fields
 
 # SGLang request fields that radixlm does not implement: accepted only when null / false.
 UNSUPPORTED_GENERATE_FIELDS = (
@@ -71,10 +72,23 @@ class GenerateRequest(StrictModel):
     bootstrap_port: Any = None
     bootstrap_room: Any = None
     data_parallel_rank: Any = None
+    # SGLang's other fields (sglang_fields.py): hints dropped, features rejected when set.
+    _sglang_rejected: tuple[str, str] | None = PrivateAttr(default=None)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _sglang_fields(cls, data: Any, handler: Any) -> Any:
+        data, rejected = split_sglang_fields(data)
+        model = handler(data)
+        model._sglang_rejected = rejected
+        return model
 
     def check(self) -> None:
         """Cross-field rules. NOTE: outside pydantic validators on purpose: pydantic would wrap
         InvalidRequestError (a ValueError) into a ValidationError and lose the field name."""
+        if self._sglang_rejected is not None:
+            name, message = self._sglang_rejected
+            raise InvalidRequestError(message, name)
         for name in UNSUPPORTED_GENERATE_FIELDS:
             if getattr(self, name) not in (None, False):
                 raise InvalidRequestError(f"{name} is not supported by radixlm", name)

@@ -44,3 +44,27 @@ def load_test_programs() -> types.ModuleType:
     from sglang.test import test_programs
 
     return test_programs
+
+
+# The suite's own imports, rewritten to radixlm's names for the run "with `import radixlm as sgl`".
+_RADIXLM_IMPORTS = (
+    ("import sglang as sgl", "import radixlm as sgl"),
+    ("from sglang.lang.ir import", "from radixlm.lang.sampling import"),
+)
+
+
+def load_test_programs_as_radixlm() -> types.ModuleType:
+    """The same suite, its source compiled with `import radixlm as sgl` in place of
+    `import sglang as sgl` (every program then uses radixlm's language); SGLang's helper imports
+    (`sglang.utils`, `sglang.srt.utils...`) stay."""
+    upstream = load_test_programs()
+    assert upstream.__file__ is not None
+    with open(upstream.__file__) as f:
+        source = f.read()
+    for old, new in _RADIXLM_IMPORTS:
+        assert old in source, f"the pinned suite changed: {old!r} not found"
+        source = source.replace(old, new)
+    module = types.ModuleType("radixlm_test_programs")
+    module.__file__ = upstream.__file__
+    exec(compile(source, upstream.__file__, "exec"), module.__dict__)
+    return module

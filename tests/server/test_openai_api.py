@@ -202,7 +202,9 @@ def test_errors_in_openai_shape(client, server):
         client.chat.completions.create(
             model="m", messages=CHAT, tools=[{"type": "function", "function": {"name": "f"}}]
         )
-    assert err.value.body["param"] == "tools"
+    # tool_choice "auto" (the default with tools) needs a --tool-call-parser; this server has none.
+    assert err.value.body["param"] == "tool_choice"
+    assert "--tool-call-parser" in err.value.body["message"]
     resp = server.client.post("/v1/chat/completions", json={"messages": CHAT, "n": "two"})
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "n"
     assert set(resp.json()["error"]) == {"message", "type", "param", "code"}
