@@ -74,7 +74,9 @@ def gen(
     """
     if tools is not None:
         if regex is not None or json_schema is not None or ebnf is not None or dtype is not None:
-            raise ValueError("tools constrain the output: give no regex, json_schema, ebnf or dtype")
+            raise ValueError(
+                "tools constrain the output: give no regex, json_schema, ebnf or dtype"
+            )
         specs = function_specs(tools)
         json_schema = (
             any_call_schema(specs)
