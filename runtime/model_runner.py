@@ -258,7 +258,7 @@ class ModelRunner:
         chunk = self.args.chunked_prefill_size or 8192
         chunk = self.args.max_prefill_tokens if chunk == -1 else chunk
         capacity = self.kv_pool.allocator.available()
-        shapes = extend_shapes(chunk, self.max_running, capacity)
+        shapes = extend_shapes(chunk, self.max_running, capacity, self.req_to_token.table.shape[1])
         seconds = warm_extend(self, shapes)
         logger.info("extend warm-up: %d shapes in %.2f s of start-up", len(shapes), seconds)
 

@@ -28,16 +28,21 @@ class ExtendShape(NamedTuple):
     prefix: int  # cached tokens in front of each request's new tokens
 
 
-def extend_shapes(chunk: int, max_running: int, capacity: int) -> list[ExtendShape]:
-    """The extend shapes to warm, each within `capacity` KV slots in total."""
+def extend_shapes(chunk: int, max_running: int, capacity: int, row_len: int) -> list[ExtendShape]:
+    """The extend shapes to warm, each within `capacity` KV slots in total and each request within
+    a req_to_token row of `row_len` tokens (the context length: no request is longer)."""
     shapes = [
         ExtendShape(1, 17, 0),
         ExtendShape(1, 33, 64),
         ExtendShape(min(8, max_running), 128, 0),
         ExtendShape(min(4, max_running), 96, 256),
-        ExtendShape(1, chunk, 0),
+        ExtendShape(1, min(chunk, row_len), 0),
     ]
-    return [s for s in shapes if s.requests * (s.new_tokens + s.prefix) <= capacity]
+    return [
+        s
+        for s in shapes
+        if s.requests * (s.new_tokens + s.prefix) <= capacity and s.new_tokens + s.prefix <= row_len
+    ]
 
 
 @torch.inference_mode()
