@@ -4,6 +4,7 @@ package's own quantiser/de-quantiser; the torch fallback when the library cannot
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 
@@ -68,7 +69,12 @@ def test_without_compiler_falls_back_with_one_log_line(tmp_path) -> None:
         "assert not cl.available()\n"
         "print('FALLBACK-OK')\n"
     )
-    env = {"CXX": "/nonexistent/c++", "RADIXLM_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    env = {
+        "CXX": "/nonexistent/c++",
+        "RADIXLM_CACHE_DIR": str(tmp_path),
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": os.environ.get("PYTHONPATH", ""),  # where radixlm is importable that way
+    }
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
