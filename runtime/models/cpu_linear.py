@@ -7,10 +7,12 @@ in one of two forms:
 
 - dense (fp32, fp16, bf16: the model dtype): decode-sized inputs (<= `SMALL_M` rows) run the
   C++ GEMV / skinny GEMM (`kernels/cpu/linear.py`), larger ones (prefill) torch's GEMM;
-- GGUF blocks (`quantization="gguf"`, Q8_0 / Q4_0 / Q4_1 as stored in the file): the weight stays
-  quantised in memory; decode-sized inputs run the block kernel on it directly, larger inputs
-  de-quantise the layer once per call into an fp32 scratch matrix and run torch's GEMM on that
-  (prefill is compute-bound: one expansion per layer is cheap next to the GEMM).
+- GGUF blocks (`quantization="gguf"`, Q8_0 / Q4_0 / Q4_1 and the K-quants Q4_K / Q5_K / Q6_K,
+  as stored in the file): the weight stays quantised in memory; decode-sized inputs run the block
+  kernel on it directly, larger inputs de-quantise the layer once per call into an fp32 scratch
+  matrix and run torch's GEMM on that (prefill is compute-bound: one expansion per layer is cheap
+  next to the GEMM). A layer whose fused parts differ in type (a Q4_K_M file's q/k in Q4_K, v in
+  Q6_K) runs de-quantised.
 
 Where the kernel library is unavailable (`kernels.cpu.build.load()` logs why, once), a layer keeps
 torch's path (a quantised layer: de-quantised once at attach time, so it still runs).
@@ -97,7 +99,7 @@ _GGUF_PARTS = {
 def gguf_blocks(
     gguf: GGUFFile, layer: int, parts: tuple[str, ...], heads: dict[str, int], permute: bool
 ) -> tuple[torch.Tensor, int] | None:
-    """The stacked block rows `[N, K // 32 * block bytes]` of a layer's GGUF parts and their
+    """The stacked block rows `[N, cl.row_bytes(qtype, K)]` of a layer's GGUF parts and their
     ggml type, or None unless every part has the same type of `cl.BLOCK_BYTES`."""
     from radixlm.runtime.models.loader import unpermute_rows
 
@@ -108,7 +110,7 @@ def gguf_blocks(
     rows = []
     for part, t in zip(parts, tensors):
         n, k = t.shape
-        r = torch.from_numpy(t.data.copy()).view(n, k // 32 * cl.BLOCK_BYTES[qtype])
+        r = torch.from_numpy(t.data.copy()).view(n, cl.row_bytes(qtype, k))
         if permute and part in heads:  # llama.cpp's rope row order (see loader.py)
             r = unpermute_rows(r, heads[part])
         rows.append(r)
@@ -122,7 +124,7 @@ def attach_cpu_linears(
     num_heads: tuple[int, int] = (0, 0),
 ) -> dict[str, int]:
     """Give every `linear_cls` module of `model` its `cpu_impl`; with `gguf`, decoder layers whose
-    parts are Q8_0/Q4_0/Q4_1 keep those blocks and drop their dense weight. Returns the number of
+    parts share one type of `cl.BLOCK_BYTES` (Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K) keep those blocks and drop their dense weight. Returns the number of
     layers per mode (e.g. {"Q4_1": 120, "float32": 0})."""
     modes: dict[str, int] = {}
     heads = {"attn_q": num_heads[0], "attn_k": num_heads[1]}
@@ -148,7 +150,7 @@ def attach_cpu_linears(
 
 
 class CpuSetup(NamedTuple):
-    mode: str  # what the decoder linears run: "float32", "bfloat16", "Q4_1", "Q4_1+float32", ...
+    mode: str  # what the decoder linears run: "float32", "bfloat16", "Q4_1", "Q4_K+Q6_K", ...
     layers: dict[str, int]  # linear layers per weight form
     head: CpuLinear | None  # the tied LM head (None: the model's own `compute_logits`)
 
@@ -158,7 +160,7 @@ def setup_cpu_model(
 ) -> CpuSetup:
     """Attach the CPU kernels to a loaded model (see `attach_cpu_linears`); `quantize` keeps a
     GGUF file's blocks (`quantization="gguf"`). A tied LM head gets the token embedding's blocks
-    where those are Q8_0/Q4_0/Q4_1, else the dense embedding matrix."""
+    where those are of a type of `cl.BLOCK_BYTES`, else the dense embedding matrix."""
     cfg = model.config
     source = gguf if quantize else None
     layers = attach_cpu_linears(
@@ -170,9 +172,9 @@ def setup_cpu_model(
         t = None if source is None else source.tensors.get("token_embd.weight")
         if t is not None and t.ggml_type in cl.BLOCK_BYTES and cl.available():
             n, k = t.shape
-            blocks = torch.from_numpy(t.data.copy()).view(n, k // 32 * cl.BLOCK_BYTES[t.ggml_type])
+            blocks = torch.from_numpy(t.data.copy()).view(n, cl.row_bytes(t.ggml_type, k))
             head = CpuLinear(None, blocks=blocks, qtype=t.ggml_type, k=k)
         else:
             head = CpuLinear(emb.contiguous())
-    mode = "+".join(sorted(layers, key=lambda m: -layers[m]))
+    mode = "+".join(sorted(layers, key=lambda m: (-layers[m], m)))  # most layers first
     return CpuSetup(mode, layers, head)
