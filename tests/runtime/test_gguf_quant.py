@@ -97,16 +97,17 @@ def test_blocks_stay_quantised_and_match_fp32(tmp_path, qtype: str) -> None:
 
 
 def test_mixed_k_quant_file(tmp_path) -> None:
-    """A Q4_K_M-like file: attn_v and ffn_down in Q6_K, the rest Q4_K. The fused qkv (Q4_K+Q6_K)
-    runs de-quantised, every other layer in its blocks; the mode names both, and the greedy
-    tokens equal the fp32 path's."""
+    """A Q4_K_M-like file: attn_v and ffn_down in Q6_K, the rest Q4_K, plus attn_output in Q5_0
+    (no block kernel). The fused qkv (Q4_K q/k + Q6_K v) runs two block kernels, o_proj runs
+    de-quantised; the mode names every form, and logits and greedy tokens equal the fp32 path's."""
     path = tmp_path / "tiny-mixed.gguf"
-    write_gguf(path, "Q4_K", {"attn_v": "Q6_K", "ffn_down": "Q6_K"})
+    write_gguf(path, "Q4_K", {"attn_v": "Q6_K", "ffn_down": "Q6_K", "attn_output": "Q5_0"})
     dense = _runner(path, dtype="float32")
     quant = _runner(path, quantization="gguf")
-    assert quant.cpu.layers == {"Q4_K": 2 * LAYERS, "Q6_K": LAYERS, "float32": LAYERS}
+    assert quant.cpu.layers == {"Q4_K": 2 * LAYERS, "Q6_K": 2 * LAYERS, "float32": LAYERS}
     assert quant.weight_mode == "Q4_K+Q6_K+float32"
-    torch.testing.assert_close(
-        runner_logits(quant, IDS), runner_logits(dense, IDS), rtol=1e-3, atol=1e-3
-    )
+    qkv = quant.model.layers[0].self_attn.qkv_proj
+    assert [p.mode for p in qkv.cpu_impl.parts] == ["Q4_K", "Q6_K"] and qkv.weight.numel() == 0
+    want, got = runner_logits(dense, IDS), runner_logits(quant, IDS)
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
     assert decode_steps(quant, IDS, 8)[0] == decode_steps(dense, IDS, 8)[0]
