@@ -45,22 +45,29 @@ static inline void q45k_dot(const uint8_t* blk, const float* xb, const float* xs
   const float d = half_to_float(dh), dmin = half_to_float(mh);
   float sc[8], mn[8];
   kq_scale_min(blk + 4, sc, mn);
-  const uint8_t* qh = blk + 16;
   const uint8_t* qs = blk + (Q == Q5_K ? 48 : 16);
   const __m128i low = _mm_set1_epi8(0x0F);
-  for (int j = 0; j < 4; ++j) {
-    for (int t = 0; t < 2; ++t) {  // the two 16-byte halves of qs[32j .. 32j + 32]
-      __m128i b = _mm_loadu_si128((const __m128i*)(qs + 32 * j + 16 * t));
-      __m128i lo = _mm_and_si128(b, low), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low);
-      if (Q == Q5_K) {
-        __m128i h = _mm_loadu_si128((const __m128i*)(qh + 16 * t));
-        lo = _mm_or_si128(lo, q5_high_bit(h, 2 * j));
-        hi = _mm_or_si128(hi, q5_high_bit(h, 2 * j + 1));
-      }
-      const float* x = xb + 64 * j + 16 * t;
-      acc = vfma(madd16_u8(lo, x, vzero()), vset1(d * sc[2 * j]), acc);
-      acc = vfma(madd16_u8(hi, x + 32, vzero()), vset1(d * sc[2 * j + 1]), acc);
+  __m128i h0 = _mm_setzero_si128(), h1 = _mm_setzero_si128();
+  if (Q == Q5_K) {
+    h0 = _mm_loadu_si128((const __m128i*)(blk + 16));
+    h1 = _mm_loadu_si128((const __m128i*)(blk + 32));
+  }
+  for (int j = 0; j < 4; ++j) {  // sub-blocks 2j (low nibbles) and 2j + 1 (high) of qs[32j ..]
+    __m128i b0 = _mm_loadu_si128((const __m128i*)(qs + 32 * j));
+    __m128i b1 = _mm_loadu_si128((const __m128i*)(qs + 32 * j + 16));
+    __m128i lo0 = _mm_and_si128(b0, low), hi0 = _mm_and_si128(_mm_srli_epi16(b0, 4), low);
+    __m128i lo1 = _mm_and_si128(b1, low), hi1 = _mm_and_si128(_mm_srli_epi16(b1, 4), low);
+    if (Q == Q5_K) {
+      lo0 = _mm_or_si128(lo0, q5_high_bit(h0, 2 * j));
+      lo1 = _mm_or_si128(lo1, q5_high_bit(h1, 2 * j));
+      hi0 = _mm_or_si128(hi0, q5_high_bit(h0, 2 * j + 1));
+      hi1 = _mm_or_si128(hi1, q5_high_bit(h1, 2 * j + 1));
     }
+    const float* x = xb + 64 * j;
+    vf pl = madd16_u8(lo1, x + 16, madd16_u8(lo0, x, vzero()));
+    vf ph = madd16_u8(hi1, x + 48, madd16_u8(hi0, x + 32, vzero()));
+    acc = vfma(pl, vset1(d * sc[2 * j]), acc);
+    acc = vfma(ph, vset1(d * sc[2 * j + 1]), acc);
     extra -= dmin * mn[2 * j] * xs[2 * j] + dmin * mn[2 * j + 1] * xs[2 * j + 1];
   }
 }

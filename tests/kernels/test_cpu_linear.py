@@ -81,6 +81,34 @@ def test_kquant_matches_gguf_dequantize(qtype: int, m: int, n: int, k: int) -> N
     torch.testing.assert_close(cl.linear_quant_ref(x, blocks, qtype, k), x @ want_w.t())
 
 
+@needs_lib
+def test_avx2_library_block_kernels() -> None:
+    """The 8-lane (AVX2) build, which an AVX-512 machine never loads, computes every block type
+    like the 16-lane one: both match `gguf`'s de-quantiser + a torch matmul."""
+    import ctypes
+
+    lib = build._bind(ctypes.CDLL(build.build("avx2", build.compiler())))
+    assert lib.rl_simd_width() == 8
+    rng = np.random.default_rng(7)
+    m, n, k = 3, 11, 512
+    x = torch.randn(m, k)
+    for qtype, name in {**QTYPES, **KQTYPES}.items():
+        if qtype in KQTYPES:
+            blocks = torch.from_numpy(random_kquant_blocks(rng, n, k, qtype))
+        else:
+            blocks = _blocks(torch.randn(n, k), qtype)
+        want_w = torch.from_numpy(
+            gguf_dequantize(blocks.numpy(), GGMLQuantizationType[name])
+        ).reshape(n, k)
+        y, w = torch.empty(m, n), torch.empty(n, k)
+        assert (
+            lib.rl_linear_quant(x.data_ptr(), m, k, blocks.data_ptr(), qtype, n, y.data_ptr()) == 0
+        )
+        assert lib.rl_dequant(blocks.data_ptr(), qtype, n, k, w.data_ptr()) == 0
+        torch.testing.assert_close(w, want_w, msg=name)
+        torch.testing.assert_close(y, x @ want_w.t(), rtol=1e-4, atol=2e-3, msg=name)
+
+
 def test_without_compiler_falls_back_with_one_log_line(tmp_path) -> None:
     """No compiler: every entry point returns None and one warning names the reason."""
     code = (
