@@ -175,7 +175,7 @@ def attach_cpu_linears(
 
 class CpuSetup(NamedTuple):
     mode: str  # what the decoder linears run: "float32", "bfloat16", "Q4_1", "Q4_K+Q6_K", ...
-    layers: dict[str, int]  # linear layers per weight form
+    layers: dict[str, int]  # linear layers holding each weight form (a mixed layer: under each)
     head: CpuLinear | None  # the tied LM head (None: the model's own `compute_logits`)
 
 
