@@ -40,8 +40,8 @@ class ServerArgs:
     random_seed: int | None = None
     # fp8: Linear weights quantized to float8_e4m3 at load (a scale per output channel) and
     # activations per token at run time (GPU: cuBLASLt FP8 GEMMs; see runtime/models/fp8.py).
-    # gguf: a GGUF file's Q8_0/Q4_0/Q4_1 linear weights stay quantised on CPU and the CPU kernels
-    # compute on them (runtime/models/cpu_linear.py); on GPU they load de-quantised.
+    # gguf: a GGUF file's Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K linear weights stay quantised on CPU and
+    # the CPU kernels compute on them (runtime/models/cpu_linear.py); on GPU they load de-quantised.
     quantization: str | None = None
     # ---- memory and scheduling ----
     mem_fraction_static: float | None = None  # GPU: fraction of device memory for weights + KV

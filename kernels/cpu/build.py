@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 _DIR = os.path.dirname(__file__)
 _SOURCES = [os.path.join(_DIR, f) for f in ("linear.cpp", "attention.cpp", "norm.cpp")]
-_HEADERS = [os.path.join(_DIR, "linear_simd.h")]
+_HEADERS = [os.path.join(_DIR, f) for f in ("linear_simd.h", "kquants.h")]
 _FLAGS = {
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
     "avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"],

@@ -1,5 +1,6 @@
 // radixlm CPU kernels: small-batch linear layers (GEMV / skinny GEMM) over fp32, fp16, bf16 and
-// GGUF block-quantised weights (Q8_0, Q4_0, Q4_1), plus block de-quantisation for the GEMM path.
+// GGUF block-quantised weights (Q8_0, Q4_0, Q4_1; the K-quants Q4_K, Q5_K, Q6_K of kquants.h),
+// plus block de-quantisation for the GEMM path.
 //
 // One source, compiled twice by kernels/cpu/build.py: with -mavx2 -mfma -mf16c (8 lanes) and with
 // AVX-512 F/BW/VL/DQ as well (16 lanes); Python picks the library at run time from the CPU's
@@ -15,7 +16,9 @@
 //   Q4_1: fp16 d, fp16 m, uint8 qs[16]         x = d * q + m
 //   4-bit: element j < 16 is the low nibble of qs[j], element j + 16 its high nibble.
 // For 4-bit blocks  sum_j x_j w_j = d * sum_j q_j x_j + m * sum_j x_j  (m = -8 d for Q4_0), so the
-// per-block sums of x are computed once per call and shared by all rows.
+// per-block sums of x are computed once per call and shared by all rows (Q4_K/Q5_K use them too,
+// one per 32-value sub-block; see kquants.h for the 256-value super-blocks).
+#include "kquants.h"
 #include "linear_simd.h"
 
 #include <vector>
@@ -65,23 +68,18 @@ static void dense(const float* x, int64_t M, int64_t K, const void* w, int64_t N
 }
 
 // ---- GGUF blocks ------------------------------------------------------------------------------
-static inline int block_bytes(int q) { return q == Q8_0 ? 34 : (q == Q4_1 ? 20 : 18); }
+static inline bool is_kquant(int q) { return q == Q4_K || q == Q5_K || q == Q6_K; }
+static inline int block_elems(int q) { return is_kquant(q) ? 256 : 32; }
+static inline int block_bytes(int q) {
+  return is_kquant(q) ? kq_block_bytes(q) : (q == Q8_0 ? 34 : (q == Q4_1 ? 20 : 18));
+}
 
-// 32 nibble values of one 4-bit block as floats: out[0..31].
+// acc += d * the dot of one 4-bit block's 32 nibble values with xb[0..31].
 static inline void q4_block_dot(const uint8_t* qs, const float* xb, vf& acc, float d) {
   __m128i b = _mm_loadu_si128((const __m128i*)qs);
   __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0F));
   __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
-#if VW == 16
-  vf p = vmul(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), vload(xb));
-  p = vfma(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), vload(xb + 16), p);
-#else
-  vf p = vmul(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), vload(xb));
-  p = vfma(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), vload(xb + 8), p);
-  p = vfma(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), vload(xb + 16), p);
-  p = vfma(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), vload(xb + 24), p);
-#endif
-  acc = vfma(p, vset1(d), acc);
+  acc = vfma(madd16_u8(hi, xb + 16, madd16_u8(lo, xb, vzero())), vset1(d), acc);
 }
 
 static inline void q8_block_dot(const int8_t* qs, const float* xb, vf& acc, float d) {
@@ -94,9 +92,13 @@ template <int Q>
 static float quant_row_dot(const uint8_t* row, const float* xm, const float* xsum, int64_t nb) {
   vf acc = vzero();
   float extra = 0.0f;
-  for (int64_t b = 0; b < nb; ++b) {
-    const float* xb = xm + b * 32;
-    if (Q == Q8_0) {
+  for (int64_t b = 0; b < nb; ++b) {  // nb blocks of block_elems(Q) values
+    const float* xb = xm + b * block_elems(Q);
+    if (Q == Q4_K || Q == Q5_K) {
+      q45k_dot<Q>(row + b * block_bytes(Q), xb, xsum + b * 8, acc, extra);
+    } else if (Q == Q6_K) {
+      q6k_dot(row + b * block_bytes(Q), xb, acc);
+    } else if (Q == Q8_0) {
       const uint8_t* blk = row + b * 34;
       uint16_t dh;
       memcpy(&dh, blk, 2);
@@ -122,9 +124,9 @@ static float quant_row_dot(const uint8_t* row, const float* xm, const float* xsu
 
 template <int Q>
 static void quant(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y) {
-  const int64_t nb = K / 32;
+  const int64_t nb = K / block_elems(Q);
   const int64_t row_bytes = nb * block_bytes(Q);
-  std::vector<float> xsum(Q == Q8_0 ? 0 : M * nb);
+  std::vector<float> xsum(Q == Q8_0 || Q == Q6_K ? 0 : M * (K / 32));  // per 32 values of x
   for (int64_t i = 0; i < (int64_t)xsum.size(); ++i) {
     const float* xb = x + i * 32;
     float s = 0.0f;
@@ -135,19 +137,23 @@ static void quant(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_
   for (int64_t n = 0; n < N; ++n) {
     const uint8_t* row = w + n * row_bytes;
     for (int64_t m = 0; m < M; ++m)
-      y[m * N + n] = quant_row_dot<Q>(row, x + m * K, xsum.data() + m * nb, nb);
+      y[m * N + n] = quant_row_dot<Q>(row, x + m * K, xsum.data() + m * (K / 32), nb);
   }
 }
 
 template <int Q>
 static void dequant_rows(const uint8_t* w, int64_t N, int64_t K, float* out) {
-  const int64_t nb = K / 32;
+  const int64_t nb = K / block_elems(Q);
   const int64_t row_bytes = nb * block_bytes(Q);
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = w + n * row_bytes + b * block_bytes(Q);
-      float* o = out + n * K + b * 32;
+      float* o = out + n * K + b * block_elems(Q);
+      if (is_kquant(Q)) {
+        kq_dequant<Q>(blk, o);
+        continue;
+      }
       uint16_t dh;
       memcpy(&dh, blk, 2);
       const float d = half_to_float(dh);
@@ -189,11 +195,15 @@ int rl_linear_dense(const float* x, int64_t M, int64_t K, const void* w, int wty
   return -1;
 }
 
-// y[M, N] = x[M, K] @ dequant(W)^T for GGUF blocks of ggml type `qtype`; K % 32 == 0.
+// y[M, N] = x[M, K] @ dequant(W)^T for GGUF blocks of ggml type `qtype`; K a multiple of the
+// block size (32; 256 for K-quants). Returns 0, -1 for an unknown type, -2 for a bad K.
 int rl_linear_quant(const float* x, int64_t M, int64_t K, const uint8_t* w, int qtype, int64_t N,
                     float* y) {
-  if (K % 32) return -2;
+  if (K % block_elems(qtype)) return -2;
   switch (qtype) {
+    case Q4_K: quant<Q4_K>(x, M, K, w, N, y); return 0;
+    case Q5_K: quant<Q5_K>(x, M, K, w, N, y); return 0;
+    case Q6_K: quant<Q6_K>(x, M, K, w, N, y); return 0;
     case Q8_0: quant<Q8_0>(x, M, K, w, N, y); return 0;
     case Q4_0: quant<Q4_0>(x, M, K, w, N, y); return 0;
     case Q4_1: quant<Q4_1>(x, M, K, w, N, y); return 0;
@@ -203,8 +213,11 @@ int rl_linear_quant(const float* x, int64_t M, int64_t K, const uint8_t* w, int 
 
 // out[N, K] fp32 = the GGUF rows de-quantised (the prefill path's GEMM operand).
 int rl_dequant(const uint8_t* w, int qtype, int64_t N, int64_t K, float* out) {
-  if (K % 32) return -2;
+  if (K % block_elems(qtype)) return -2;
   switch (qtype) {
+    case Q4_K: dequant_rows<Q4_K>(w, N, K, out); return 0;
+    case Q5_K: dequant_rows<Q5_K>(w, N, K, out); return 0;
+    case Q6_K: dequant_rows<Q6_K>(w, N, K, out); return 0;
     case Q8_0: dequant_rows<Q8_0>(w, N, K, out); return 0;
     case Q4_0: dequant_rows<Q4_0>(w, N, K, out); return 0;
     case Q4_1: dequant_rows<Q4_1>(w, N, K, out); return 0;

@@ -6,19 +6,23 @@ memory once per call); `dequant(blocks, qtype, k)` expands GGUF blocks to fp32 f
 (prefill). Each has a torch reference (`*_ref`) with the same math. All return None when the
 kernel library is unavailable (`build.load()`), so callers fall back to the references.
 
-GGUF blocks arrive as a uint8 tensor `[N, K // 32 * block_bytes]`: one row of blocks per output
-row (as read from the file), ggml type ids `Q8_0 = 8`, `Q4_0 = 2`, `Q4_1 = 3`.
+GGUF blocks arrive as a uint8 tensor `[N, row_bytes(qtype, K)]`: one row of blocks per output
+row (as read from the file), ggml type ids `Q8_0 = 8`, `Q4_0 = 2`, `Q4_1 = 3` (32 values per
+block) and the K-quants `Q4_K = 12`, `Q5_K = 13`, `Q6_K = 14` (256 per super-block; their torch
+references live in `kquants.py`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from radixlm.kernels.cpu import build
+from radixlm.kernels.cpu import build, kquants
 
 Q4_0, Q4_1, Q8_0 = 2, 3, 8
-BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34}
-QTYPE_NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0"}
+Q4_K, Q5_K, Q6_K = kquants.Q4_K, kquants.Q5_K, kquants.Q6_K
+BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34, **kquants.BLOCK_BYTES}  # the types with a kernel
+BLOCK_ELEMS = {Q4_0: 32, Q4_1: 32, Q8_0: 32, Q4_K: 256, Q5_K: 256, Q6_K: 256}
+QTYPE_NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"}
 _WTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _threads = 0
 
@@ -31,6 +35,11 @@ def _lib():
         _threads = torch.get_num_threads()
         lib.rl_set_threads(_threads)
     return lib
+
+
+def row_bytes(qtype: int, k: int) -> int:
+    """Bytes of one row of `k` values in blocks of `qtype`."""
+    return k // BLOCK_ELEMS[qtype] * BLOCK_BYTES[qtype]
 
 
 def available() -> bool:
@@ -69,7 +78,7 @@ def linear_dense_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def linear_quant(x: torch.Tensor, blocks: torch.Tensor, qtype: int, k: int) -> torch.Tensor | None:
-    """fp32 `[M, N]` = x `[M, k]` @ dequant(blocks)^T; blocks `[N, k // 32 * block bytes]`."""
+    """fp32 `[M, N]` = x `[M, k]` @ dequant(blocks)^T; blocks `[N, row_bytes(qtype, k)]`."""
     lib = _lib()
     if lib is None:
         return None
@@ -95,6 +104,8 @@ def dequant(blocks: torch.Tensor, qtype: int, k: int) -> torch.Tensor | None:
 def dequant_ref(blocks: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
     """The same blocks expanded with torch ops (the layout in `linear.cpp`'s header)."""
     n = blocks.shape[0]
+    if qtype in kquants.BLOCK_BYTES:
+        return kquants.dequant_ref(blocks, qtype).view(n, k)
     b = blocks.reshape(-1, BLOCK_BYTES[qtype])
     d = b[:, :2].contiguous().view(torch.float16).float()
     if qtype == Q8_0:

@@ -65,7 +65,25 @@ static inline float bf16_to_float(uint16_t h) {
 }
 
 enum WType { W_F32 = 0, W_F16 = 1, W_BF16 = 2 };
-enum QType { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 };  // ggml type ids
+enum QType { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };  // ggml type ids
+
+// acc + 16 byte values (unsigned / signed) of `q` times x[0..15], widened to fp32.
+static inline vf madd16_u8(__m128i q, const float* x, vf acc) {
+#if VW == 16
+  return vfma(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)), vload(x), acc);
+#else
+  acc = vfma(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)), vload(x), acc);
+  return vfma(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8))), vload(x + 8), acc);
+#endif
+}
+static inline vf madd16_i8(__m128i q, const float* x, vf acc) {
+#if VW == 16
+  return vfma(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), vload(x), acc);
+#else
+  acc = vfma(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), vload(x), acc);
+  return vfma(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), vload(x + 8), acc);
+#endif
+}
 
 template <int T>
 static inline vf load_w(const void* w, int64_t off) {

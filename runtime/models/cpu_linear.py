@@ -7,10 +7,12 @@ in one of two forms:
 
 - dense (fp32, fp16, bf16: the model dtype): decode-sized inputs (<= `SMALL_M` rows) run the
   C++ GEMV / skinny GEMM (`kernels/cpu/linear.py`), larger ones (prefill) torch's GEMM;
-- GGUF blocks (`quantization="gguf"`, Q8_0 / Q4_0 / Q4_1 as stored in the file): the weight stays
-  quantised in memory; decode-sized inputs run the block kernel on it directly, larger inputs
-  de-quantise the layer once per call into an fp32 scratch matrix and run torch's GEMM on that
-  (prefill is compute-bound: one expansion per layer is cheap next to the GEMM).
+- GGUF blocks (`quantization="gguf"`, Q8_0 / Q4_0 / Q4_1 and the K-quants Q4_K / Q5_K / Q6_K,
+  as stored in the file): the weight stays quantised in memory; decode-sized inputs run the block
+  kernel on it directly, larger inputs de-quantise the layer once per call into an fp32 scratch
+  matrix and run torch's GEMM on that (prefill is compute-bound: one expansion per layer is cheap
+  next to the GEMM). A fused layer whose parts differ in type (a Q4_K_M file's q/k in Q4_K and
+  v in Q6_K) is a `StackedCpuLinear`: one block `CpuLinear` per run of same-typed parts.
 
 Where the kernel library is unavailable (`kernels.cpu.build.load()` logs why, once), a layer keeps
 torch's path (a quantised layer: de-quantised once at attach time, so it still runs).
@@ -84,6 +86,24 @@ class CpuLinear:
         return y if self.bias is None else y + self.bias
 
 
+class StackedCpuLinear:
+    """A fused layer whose GGUF parts differ in type: one block `CpuLinear` per run of same-typed
+    parts, their outputs concatenated along the last dim (the parts' row order)."""
+
+    def __init__(self, parts: list[CpuLinear]) -> None:
+        self.parts = parts
+
+    @property
+    def mode(self) -> str:  # e.g. "Q4_K+Q6_K"
+        return "+".join(sorted({p.mode for p in self.parts}))
+
+    def nbytes(self) -> int:
+        return sum(p.nbytes() for p in self.parts)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p(x) for p in self.parts], dim=-1)
+
+
 # ---- attach -------------------------------------------------------------------------------------
 # Decoder linears: module suffix -> the GGUF parts stacked into its rows, in order.
 _GGUF_PARTS = {
@@ -96,23 +116,26 @@ _GGUF_PARTS = {
 
 def gguf_blocks(
     gguf: GGUFFile, layer: int, parts: tuple[str, ...], heads: dict[str, int], permute: bool
-) -> tuple[torch.Tensor, int] | None:
-    """The stacked block rows `[N, K // 32 * block bytes]` of a layer's GGUF parts and their
-    ggml type, or None unless every part has the same type of `cl.BLOCK_BYTES`."""
+) -> list[tuple[torch.Tensor, int]] | None:
+    """A layer's GGUF parts as block rows `[N, cl.row_bytes(qtype, K)]` with their ggml type, one
+    entry per run of consecutive same-typed parts (stacked in row order), or None unless every
+    part's type is one of `cl.BLOCK_BYTES`."""
     from radixlm.runtime.models.loader import unpermute_rows
 
     tensors = [gguf.tensors[f"blk.{layer}.{p}.weight"] for p in parts]
-    qtype = tensors[0].ggml_type
-    if qtype not in cl.BLOCK_BYTES or any(t.ggml_type != qtype for t in tensors):
+    if any(t.ggml_type not in cl.BLOCK_BYTES for t in tensors):
         return None
-    rows = []
+    runs: list[tuple[list[torch.Tensor], int]] = []
     for part, t in zip(parts, tensors):
         n, k = t.shape
-        r = torch.from_numpy(t.data.copy()).view(n, k // 32 * cl.BLOCK_BYTES[qtype])
+        r = torch.from_numpy(t.data.copy()).view(n, cl.row_bytes(t.ggml_type, k))
         if permute and part in heads:  # llama.cpp's rope row order (see loader.py)
             r = unpermute_rows(r, heads[part])
-        rows.append(r)
-    return torch.cat(rows).contiguous(), qtype
+        if runs and runs[-1][1] == t.ggml_type:
+            runs[-1][0].append(r)
+        else:
+            runs.append(([r], t.ggml_type))
+    return [(torch.cat(rows).contiguous(), qtype) for rows, qtype in runs]
 
 
 def attach_cpu_linears(
@@ -122,34 +145,37 @@ def attach_cpu_linears(
     num_heads: tuple[int, int] = (0, 0),
 ) -> dict[str, int]:
     """Give every `linear_cls` module of `model` its `cpu_impl`; with `gguf`, decoder layers whose
-    parts are Q8_0/Q4_0/Q4_1 keep those blocks and drop their dense weight. Returns the number of
-    layers per mode (e.g. {"Q4_1": 120, "float32": 0})."""
+    parts are all of types of `cl.BLOCK_BYTES` (Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K) keep those blocks
+    and drop their dense weight. Returns the number of layers holding each weight form (e.g.
+    {"Q4_1": 120}; a layer of Q4_K and Q6_K parts counts under both)."""
     modes: dict[str, int] = {}
     heads = {"attn_q": num_heads[0], "attn_k": num_heads[1]}
     permute = gguf is not None and gguf.architecture == "llama"
     for name, module in model.named_modules():
         if not isinstance(module, linear_cls) or module.fp8:
             continue  # NOTE: an FP8 layer keeps its emulation (inputs quantised per token)
-        impl = None
+        impl: CpuLinear | StackedCpuLinear | None = None
         _, _, suffix = name.partition("layers.")
         layer_s, _, rest = suffix.partition(".")
         if gguf is not None and rest in _GGUF_PARTS and cl.available():
             got = gguf_blocks(gguf, int(layer_s), _GGUF_PARTS[rest], heads, permute)
             if got is not None and module.bias is None:
                 k = module.weight.shape[1]
-                impl = CpuLinear(None, blocks=got[0], qtype=got[1], k=k)
+                parts = [CpuLinear(None, blocks=b, qtype=q, k=k) for b, q in got]
+                impl = parts[0] if len(parts) == 1 else StackedCpuLinear(parts)
                 # NOTE: the dense copy made at load is dropped: the layer now lives in its blocks.
                 module.weight = nn.Parameter(torch.empty(0, k), requires_grad=False)
         if impl is None:
             impl = CpuLinear(module.weight.data.contiguous(), module.bias)
         module.cpu_impl = impl
-        modes[impl.mode] = modes.get(impl.mode, 0) + 1
+        for mode in impl.mode.split("+"):
+            modes[mode] = modes.get(mode, 0) + 1
     return modes
 
 
 class CpuSetup(NamedTuple):
-    mode: str  # what the decoder linears run: "float32", "bfloat16", "Q4_1", "Q4_1+float32", ...
-    layers: dict[str, int]  # linear layers per weight form
+    mode: str  # what the decoder linears run: "float32", "bfloat16", "Q4_1", "Q4_K+Q6_K", ...
+    layers: dict[str, int]  # linear layers holding each weight form (a mixed layer: under each)
     head: CpuLinear | None  # the tied LM head (None: the model's own `compute_logits`)
 
 
@@ -158,7 +184,7 @@ def setup_cpu_model(
 ) -> CpuSetup:
     """Attach the CPU kernels to a loaded model (see `attach_cpu_linears`); `quantize` keeps a
     GGUF file's blocks (`quantization="gguf"`). A tied LM head gets the token embedding's blocks
-    where those are Q8_0/Q4_0/Q4_1, else the dense embedding matrix."""
+    where those are of a type of `cl.BLOCK_BYTES`, else the dense embedding matrix."""
     cfg = model.config
     source = gguf if quantize else None
     layers = attach_cpu_linears(
@@ -170,9 +196,9 @@ def setup_cpu_model(
         t = None if source is None else source.tensors.get("token_embd.weight")
         if t is not None and t.ggml_type in cl.BLOCK_BYTES and cl.available():
             n, k = t.shape
-            blocks = torch.from_numpy(t.data.copy()).view(n, k // 32 * cl.BLOCK_BYTES[t.ggml_type])
+            blocks = torch.from_numpy(t.data.copy()).view(n, cl.row_bytes(t.ggml_type, k))
             head = CpuLinear(None, blocks=blocks, qtype=t.ggml_type, k=k)
         else:
             head = CpuLinear(emb.contiguous())
-    mode = "+".join(sorted(layers, key=lambda m: -layers[m]))
+    mode = "+".join(sorted(layers, key=lambda m: (-layers[m], m)))  # most layers first
     return CpuSetup(mode, layers, head)

@@ -1,5 +1,6 @@
 """The CPU linear kernels (kernels/cpu) against their torch references and against the `gguf`
-package's own quantiser/de-quantiser; the torch fallback when the library cannot be built."""
+package's own quantiser/de-quantiser (K-quants: hand-built random super-blocks, since `gguf` cannot
+quantise them, against its de-quantiser); the torch fallback when the library cannot be built."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
+from kquant_blocks import random_kquant_blocks
 
 from radixlm.kernels.cpu import build
 from radixlm.kernels.cpu import linear as cl
@@ -22,6 +24,7 @@ needs_lib = pytest.mark.skipif(
     build.isa() is None or build.compiler() is None, reason="no AVX2 CPU or no C++ compiler"
 )
 QTYPES = {cl.Q8_0: "Q8_0", cl.Q4_0: "Q4_0", cl.Q4_1: "Q4_1"}
+KQTYPES = {cl.Q4_K: "Q4_K", cl.Q5_K: "Q5_K", cl.Q6_K: "Q6_K"}
 
 
 def _blocks(w: torch.Tensor, qtype: int) -> torch.Tensor:
@@ -56,6 +59,55 @@ def test_quant_matches_gguf_dequantize(qtype: int, m: int, n: int, k: int) -> No
     assert y is not None
     torch.testing.assert_close(y, x @ want_w.t(), rtol=1e-4, atol=2e-3)
     torch.testing.assert_close(cl.linear_quant_ref(x, blocks, qtype, k), x @ want_w.t())
+
+
+@needs_lib
+@pytest.mark.parametrize("qtype", list(KQTYPES))
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 64, 512), (5, 37, 1536), (16, 9, 256)])
+def test_kquant_matches_gguf_dequantize(qtype: int, m: int, n: int, k: int) -> None:
+    """Q4_K/Q5_K/Q6_K super-blocks: the block kernel (decode) and the de-quantisers (prefill,
+    torch reference) against `gguf.quants.dequantize` + a torch matmul."""
+    blocks = torch.from_numpy(random_kquant_blocks(np.random.default_rng(qtype + n), n, k, qtype))
+    assert blocks.shape == (n, cl.row_bytes(qtype, k))
+    want_w = torch.from_numpy(
+        gguf_dequantize(blocks.numpy(), GGMLQuantizationType[KQTYPES[qtype]])
+    ).reshape(n, k)
+    assert want_w.abs().max() < 16 and want_w.std() > 0.1  # the blocks hold sensible values
+    torch.testing.assert_close(cl.dequant_ref(blocks, qtype, k), want_w)
+    torch.testing.assert_close(cl.dequant(blocks, qtype, k), want_w)
+    x = torch.randn(m, k)
+    y = cl.linear_quant(x, blocks, qtype, k)
+    assert y is not None
+    torch.testing.assert_close(y, x @ want_w.t(), rtol=1e-4, atol=2e-3)
+    torch.testing.assert_close(cl.linear_quant_ref(x, blocks, qtype, k), x @ want_w.t())
+
+
+@needs_lib
+def test_avx2_library_block_kernels() -> None:
+    """The 8-lane (AVX2) build, which an AVX-512 machine never loads, computes every block type
+    like the 16-lane one: both match `gguf`'s de-quantiser + a torch matmul."""
+    import ctypes
+
+    lib = build._bind(ctypes.CDLL(build.build("avx2", build.compiler())))
+    assert lib.rl_simd_width() == 8
+    rng = np.random.default_rng(7)
+    m, n, k = 3, 11, 512
+    x = torch.randn(m, k)
+    for qtype, name in {**QTYPES, **KQTYPES}.items():
+        if qtype in KQTYPES:
+            blocks = torch.from_numpy(random_kquant_blocks(rng, n, k, qtype))
+        else:
+            blocks = _blocks(torch.randn(n, k), qtype)
+        want_w = torch.from_numpy(
+            gguf_dequantize(blocks.numpy(), GGMLQuantizationType[name])
+        ).reshape(n, k)
+        y, w = torch.empty(m, n), torch.empty(n, k)
+        assert (
+            lib.rl_linear_quant(x.data_ptr(), m, k, blocks.data_ptr(), qtype, n, y.data_ptr()) == 0
+        )
+        assert lib.rl_dequant(blocks.data_ptr(), qtype, n, k, w.data_ptr()) == 0
+        torch.testing.assert_close(w, want_w, msg=name)
+        torch.testing.assert_close(y, x @ want_w.t(), rtol=1e-4, atol=2e-3, msg=name)
 
 
 def test_without_compiler_falls_back_with_one_log_line(tmp_path) -> None:

@@ -1,6 +1,7 @@
 """GGUF block-quantised execution on CPU (`quantization="gguf"`): tiny Llama files written by the
-`gguf` package, one per quant type, run with their weights kept in blocks and give the logits and
-greedy tokens of the same file de-quantised to fp32."""
+`gguf` package, one per quant type (K-quants: hand-built random super-blocks), run with their
+weights kept in blocks and give the logits and greedy tokens of the same file de-quantised to fp32.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from gguf import GGUFWriter
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import quantize
+from kquant_blocks import random_kquant_blocks
 
 from radixlm.bench.cpu_profile import decode_steps
 from radixlm.kernels.cpu import build
@@ -25,8 +27,9 @@ HIDDEN, INTER, LAYERS, HEADS, KV_HEADS, VOCAB = 256, 512, 2, 4, 2, 320
 IDS = [5, 17, 250, 3, 99, 42, 7, 7, 7, 128, 64, 1, 2, 3, 299, 0, 11, 12, 13, 14]
 
 
-def write_gguf(path, qtype: str) -> None:
-    """A random tiny Llama whose linear weights (and token embedding) are `qtype` blocks."""
+def write_gguf(path, qtype: str, overrides: dict[str, str] | None = None) -> None:
+    """A random tiny Llama whose linear weights (and token embedding) are `qtype` blocks; names
+    in `overrides` (e.g. "attn_v") get another type, as llama.cpp's mixed K-quant files do."""
     rng = np.random.default_rng(0)
     w = GGUFWriter(str(path), "llama")
     w.add_block_count(LAYERS)
@@ -38,15 +41,15 @@ def write_gguf(path, qtype: str) -> None:
     w.add_rope_freq_base(10000.0)
     w.add_context_length(512)
     w.add_vocab_size(VOCAB)
-    q = GGMLQuantizationType[qtype]
 
     def add(name: str, rows: int, cols: int, scale: float = 0.05) -> None:
-        data = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
-        if q == GGMLQuantizationType.Q6_K:  # NOTE: gguf has no K-quant quantiser: random blocks
-            blocks = rng.integers(0, 256, (rows, cols // 256, 210), dtype=np.uint8)
-            blocks[..., 208:210] = np.array([scale / 64], dtype=np.float16).view(np.uint8)
-            w.add_tensor(name, blocks.reshape(rows, -1), raw_dtype=q)
+        part = name.split(".")[-2]
+        q = GGMLQuantizationType[(overrides or {}).get(part, qtype)]
+        if q.name.endswith("_K"):  # NOTE: gguf has no K-quant quantiser: random valid blocks
+            blocks = random_kquant_blocks(rng, rows, cols, q.value, scale)
+            w.add_tensor(name, blocks, raw_dtype=q)
             return
+        data = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
         w.add_tensor(name, quantize(data, q), raw_dtype=q)
 
     add("token_embd.weight", VOCAB, HIDDEN, 1.0)
@@ -76,7 +79,7 @@ def _runner(path, **kwargs) -> ModelRunner:
     return ModelRunner(args, resolve_model(str(path)))
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"])
 def test_blocks_stay_quantised_and_match_fp32(tmp_path, qtype: str) -> None:
     path = tmp_path / f"tiny-{qtype}.gguf"
     write_gguf(path, qtype)
@@ -93,10 +96,18 @@ def test_blocks_stay_quantised_and_match_fp32(tmp_path, qtype: str) -> None:
     assert decode_steps(quant, IDS, 8)[0] == decode_steps(dense, IDS, 8)[0]
 
 
-def test_k_quants_load_dequantised(tmp_path) -> None:
-    """Q6_K (no block kernel yet) runs de-quantised, and says so in its mode."""
-    path = tmp_path / "tiny-Q6_K.gguf"
-    write_gguf(path, "Q6_K")
-    runner = _runner(path, quantization="gguf")
-    assert runner.weight_mode == "float32"
-    assert torch.isfinite(runner_logits(runner, IDS)).all()
+def test_mixed_k_quant_file(tmp_path) -> None:
+    """A Q4_K_M-like file: attn_v and ffn_down in Q6_K, the rest Q4_K, plus attn_output in Q5_0
+    (no block kernel). The fused qkv (Q4_K q/k + Q6_K v) runs two block kernels, o_proj runs
+    de-quantised; the mode names every form, and logits and greedy tokens equal the fp32 path's."""
+    path = tmp_path / "tiny-mixed.gguf"
+    write_gguf(path, "Q4_K", {"attn_v": "Q6_K", "ffn_down": "Q6_K", "attn_output": "Q5_0"})
+    dense = _runner(path, dtype="float32")
+    quant = _runner(path, quantization="gguf")
+    assert quant.cpu.layers == {"Q4_K": 2 * LAYERS, "Q6_K": 2 * LAYERS, "float32": LAYERS}
+    assert quant.weight_mode == "Q4_K+Q6_K+float32"
+    qkv = quant.model.layers[0].self_attn.qkv_proj
+    assert [p.mode for p in qkv.cpu_impl.parts] == ["Q4_K", "Q6_K"] and qkv.weight.numel() == 0
+    want, got = runner_logits(dense, IDS), runner_logits(quant, IDS)
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+    assert decode_steps(quant, IDS, 8)[0] == decode_steps(dense, IDS, 8)[0]
