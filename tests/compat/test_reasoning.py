@@ -63,43 +63,63 @@ def client(compat_server: ServerProcess) -> openai.OpenAI:
 
 
 THINKING = r"<think>[a-z ]{1,12}</think>[A-Z][a-z]{1,8}\."
+ANSWER = r"[A-Z][a-z]{1,8}\."
 
 
-def test_server_splits_reasoning(client: openai.OpenAI, compat_server: ServerProcess) -> None:
-    """The output is forced (regex, temperature 0.8, 8 seeds) to think-then-answer; the server
-    splits it: reasoning_content is the think section, content the answer, streaming too."""
+def _think_bias() -> dict[str, int]:
+    """logit_bias that makes the small default model open `<think>` (`<` wins the first token
+    over the constraint's) and close it soon (`</`, `think`, `>` dominate the free section)."""
+    from radixlm.runtime.models.default_model import default_model_path
+    from radixlm.runtime.tokenizer import load_tokenizer
 
+    tok = load_tokenizer(default_model_path())  # NOTE: the default vocabulary: tags are 3 tokens
+    (lt,) = tok.encode("<", add_special_tokens=False)
+    return {str(lt): 30, **{str(t): 100 for t in tok.encode("</think>", add_special_tokens=False)}}
+
+
+def test_constraint_applies_after_reasoning(
+    client: openai.OpenAI, compat_server: ServerProcess
+) -> None:
+    """With the parser on, a regex constrains only the answer: the `<think>` section (forced open
+    and closed by logit_bias, which the constraint would forbid) is free and comes back as
+    reasoning_content; content matches the regex (temperature 0.8, 8 seeds), streaming too."""
     msgs = [{"role": "user", "content": "Say a word."}]
+    bias = _think_bias()
+    for seed in range(8):
+        resp = client.chat.completions.create(
+            model="m", messages=msgs, temperature=0.8, seed=seed, max_tokens=64,
+            logit_bias=bias, extra_body={"regex": ANSWER},
+        )  # fmt: skip
+        msg = resp.choices[0].message
+        assert msg.reasoning_content is not None and "<" not in msg.reasoning_content, msg
+        assert re.fullmatch(ANSWER, msg.content), msg
+    stream = client.chat.completions.create(
+        model="m", messages=msgs, temperature=0.8, seed=1, max_tokens=64, stream=True,
+        logit_bias=bias, extra_body={"regex": ANSWER},
+    )  # fmt: skip
+    reasoning: str | None = None
+    content = ""
+    for chunk in stream:
+        for choice in chunk.choices:
+            delta = getattr(choice.delta, "reasoning_content", None)
+            reasoning = (reasoning or "") + delta if delta is not None else reasoning
+            content += choice.delta.content or ""
+    assert re.fullmatch(ANSWER, content) and "<" not in (reasoning or ""), (reasoning, content)
+    # An answer without <think> is constrained from its first token (no reasoning section).
     for seed in range(8):
         resp = client.chat.completions.create(
             model="m", messages=msgs, temperature=0.8, seed=seed, max_tokens=40,
-            extra_body={"regex": THINKING},
+            extra_body={"regex": ANSWER},
         )  # fmt: skip
         msg = resp.choices[0].message
-        assert (
-            re.fullmatch(r"[a-z ]{1,12}", msg.reasoning_content + "x"[:0])
-            or msg.reasoning_content == ""
-        )
-        assert re.fullmatch(r"[A-Z][a-z]{1,8}\.", msg.content), msg
-    stream = client.chat.completions.create(
-        model="m", messages=msgs, temperature=0.8, seed=1, max_tokens=40, stream=True,
-        extra_body={"regex": THINKING},
-    )  # fmt: skip
-    reasoning = content = ""
-    for chunk in stream:
-        for choice in chunk.choices:
-            reasoning += getattr(choice.delta, "reasoning_content", None) or ""
-            content += choice.delta.content or ""
-    assert re.fullmatch(r"[A-Z][a-z]{1,8}\.", content) and "<" not in reasoning, (
-        reasoning,
-        content,
-    )
-    # separate_reasoning: false keeps the raw text.
-    raw = client.chat.completions.create(
-        model="m", messages=msgs, temperature=0.8, seed=0, max_tokens=40,
-        extra_body={"regex": THINKING, "separate_reasoning": False},
-    )  # fmt: skip
-    assert re.fullmatch(THINKING, raw.choices[0].message.content)
+        assert re.fullmatch(ANSWER, msg.content) and not msg.reasoning_content, msg
+    # separate_reasoning: false keeps the raw text, and the constraint covers all of it.
+    for seed in range(8):
+        raw = client.chat.completions.create(
+            model="m", messages=msgs, temperature=0.8, seed=seed, max_tokens=40,
+            extra_body={"regex": THINKING, "separate_reasoning": False},
+        )  # fmt: skip
+        assert re.fullmatch(THINKING, raw.choices[0].message.content)
     compat_server.wait_idle_and_check_kv()
 
 
