@@ -149,7 +149,12 @@ def chat_batch(
                            "tool_choice")  # fmt: skip
         sp["json_schema"] = json.dumps(tools.schema)
     parser = state.args.reasoning_parser
-    if parser and req.separate_reasoning is not False and constrained(sp) and state.tokenizer:
+    if (
+        parser
+        and req.separate_reasoning is not False
+        and constrained(sp)
+        and state.tokenizer is not None
+    ):
         # NOTE: the constraint applies to the answer only, after `</think>` (reasoning.py).
         sp.update(REASONING_PARSERS[parser].grammar_params(state.tokenizer))
     return request_batch.expand_request(

@@ -66,45 +66,34 @@ THINKING = r"<think>[a-z ]{1,12}</think>[A-Z][a-z]{1,8}\."
 ANSWER = r"[A-Z][a-z]{1,8}\."
 
 
-def _think_bias() -> dict[str, int]:
-    """logit_bias that makes the small default model open `<think>` (`<` wins the first token
-    over the constraint's) and close it soon (`</`, `think`, `>` dominate the free section)."""
+def _default_ids(text: str) -> list[int]:
     from radixlm.runtime.models.default_model import default_model_path
     from radixlm.runtime.tokenizer import load_tokenizer
 
-    tok = load_tokenizer(default_model_path())  # NOTE: the default vocabulary: tags are 3 tokens
-    (lt,) = tok.encode("<", add_special_tokens=False)
-    return {str(lt): 30, **{str(t): 100 for t in tok.encode("</think>", add_special_tokens=False)}}
+    return load_tokenizer(default_model_path()).encode(text, add_special_tokens=False)
 
 
 def test_constraint_applies_after_reasoning(
     client: openai.OpenAI, compat_server: ServerProcess
 ) -> None:
-    """With the parser on, a regex constrains only the answer: the `<think>` section (forced open
-    and closed by logit_bias, which the constraint would forbid) is free and comes back as
-    reasoning_content; content matches the regex (temperature 0.8, 8 seeds), streaming too."""
-    msgs = [{"role": "user", "content": "Say a word."}]
-    bias = _think_bias()
+    """A prompt that already opened `<think>` (deepseek-r1 style, native API with
+    `think_end_ids`): the reasoning is free (logit_bias pushes `</think>`, which the regex forbids)
+    and the regex constrains only the answer after `</think>` (temperature 0.8, 8 seeds); the
+    server's `/separate_reasoning` splits it. On the OpenAI API the server sets those ids itself."""
+    end = _default_ids("</think>")  # NOTE: the default vocabulary: `</think>` is 3 tokens
+    prompt = "<|im_start|>user\nSay a word.<|im_end|>\n<|im_start|>assistant\n<think>\n"
     for seed in range(8):
-        resp = client.chat.completions.create(
-            model="m", messages=msgs, temperature=0.8, seed=seed, max_tokens=64,
-            logit_bias=bias, extra_body={"regex": ANSWER},
-        )  # fmt: skip
-        msg = resp.choices[0].message
-        assert msg.reasoning_content is not None and "<" not in msg.reasoning_content, msg
-        assert re.fullmatch(ANSWER, msg.content), msg
-    stream = client.chat.completions.create(
-        model="m", messages=msgs, temperature=0.8, seed=1, max_tokens=64, stream=True,
-        logit_bias=bias, extra_body={"regex": ANSWER},
-    )  # fmt: skip
-    reasoning: str | None = None
-    content = ""
-    for chunk in stream:
-        for choice in chunk.choices:
-            delta = getattr(choice.delta, "reasoning_content", None)
-            reasoning = (reasoning or "") + delta if delta is not None else reasoning
-            content += choice.delta.content or ""
-    assert re.fullmatch(ANSWER, content) and "<" not in (reasoning or ""), (reasoning, content)
+        sp = {"regex": ANSWER, "think_end_ids": end, "logit_bias": {str(t): 100 for t in end},
+              "temperature": 0.8, "seed": seed, "max_new_tokens": 64}  # fmt: skip
+        out = compat_server.client.post("/generate", json={"text": prompt, "sampling_params": sp})
+        assert out.status_code == 200, out.text
+        text = out.json()["text"]
+        assert "</think>" in text, text
+        split = compat_server.client.post(
+            "/separate_reasoning", json={"text": text, "reasoning_parser": "deepseek-r1"}
+        ).json()
+        assert split["reasoning_text"] is not None and re.fullmatch(ANSWER, split["text"]), split
+    msgs = [{"role": "user", "content": "Say a word."}]
     # An answer without <think> is constrained from its first token (no reasoning section).
     for seed in range(8):
         resp = client.chat.completions.create(

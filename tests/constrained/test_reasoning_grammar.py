@@ -141,3 +141,22 @@ def test_sampling_params_validate_markers() -> None:
         with pytest.raises(InvalidRequestError) as err:
             SamplingParams.from_dict(bad, 10)
         assert err.value.field in ("think_end_ids", "think_start_ids")
+
+
+def test_parser_grammar_params() -> None:
+    """The chat endpoint's ids: qwen3 offers the opening only when `<think>` is one token."""
+    from constrained.helpers import tokenizer
+
+    from radixlm.runtime.server.reasoning_parsers import REASONING_PARSERS
+
+    special = special_tokenizer()
+    (start,), (end,) = _ids("<think>"), _ids("</think>")
+    assert REASONING_PARSERS["qwen3"].grammar_params(special) == {
+        "think_end_ids": [end],
+        "think_start_ids": [start],
+    }
+    assert REASONING_PARSERS["deepseek-r1"].grammar_params(special) == {"think_end_ids": [end]}
+    plain = tokenizer()
+    assert REASONING_PARSERS["qwen3"].grammar_params(plain) == {}
+    ends = plain.encode("</think>", add_special_tokens=False)
+    assert REASONING_PARSERS["deepseek-r1"].grammar_params(plain) == {"think_end_ids": ends}
