@@ -160,3 +160,31 @@ def test_parser_grammar_params() -> None:
     assert REASONING_PARSERS["qwen3"].grammar_params(plain) == {}
     ends = plain.encode("</think>", add_special_tokens=False)
     assert REASONING_PARSERS["deepseek-r1"].grammar_params(plain) == {"think_end_ids": ends}
+
+
+def test_jump_forward_never_retokenizes_the_marker() -> None:
+    """After `</think>` (3 tokens on the default vocabulary), the forced `{"answer": ` is jumped
+    over without touching the reasoning or the marker ids (`>{"` could merge otherwise)."""
+    from constrained.helpers import make_compiler, tokenizer
+
+    from radixlm.runtime.constrained import GrammarSpec
+    from radixlm.runtime.constrained.jump_forward import apply_jump, plan_jump
+    from radixlm.runtime.constrained.reasoning import ReasoningGrammar
+
+    tok, compiler = tokenizer(), make_compiler()
+    end = tuple(tok.encode("</think>", add_special_tokens=False))
+    grammar = ReasoningGrammar(
+        compiler.compile(GrammarSpec("regex", r'\{"answer": [0-9]\}')), end, None
+    )
+    out = tok.encode("hmm, ok", add_special_tokens=False)
+    for token in out:
+        assert grammar.accept(token)
+    assert plan_jump(grammar, out, compiler.vocab, tok, 0, 100) is None  # free: no jump
+    out += list(end)
+    for token in end:
+        assert grammar.accept(token)
+    plan = plan_jump(grammar, out, compiler.vocab, tok, 0, 100)
+    assert plan is not None and plan.keep == len(out) and apply_jump(grammar, out, plan)
+    new = out[: plan.keep] + plan.tail
+    assert tok.decode(new) == 'hmm, ok</think>{"answer": ' and grammar.num_accepted == len(new)
+    assert grammar.max_rollback <= len(plan.tail)
