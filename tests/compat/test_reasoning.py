@@ -93,22 +93,46 @@ def test_constraint_applies_after_reasoning(
             "/separate_reasoning", json={"text": text, "reasoning_parser": "deepseek-r1"}
         ).json()
         assert split["reasoning_text"] is not None and re.fullmatch(ANSWER, split["text"]), split
+    compat_server.wait_idle_and_check_kv()
+
+
+def test_server_splits_reasoning(client: openai.OpenAI, compat_server: ServerProcess) -> None:
+    """The output is forced (regex, temperature 0.8, 8 seeds) to think-then-answer; the server
+    splits it: reasoning_content is the think section, content the answer, streaming too. NOTE:
+    `<think>` is 3 tokens on the default vocabulary, so qwen3's constraint covers the whole output
+    (reasoning_parsers.py `grammar_params`)."""
+
     msgs = [{"role": "user", "content": "Say a word."}]
-    # An answer without <think> is constrained from its first token (no reasoning section).
     for seed in range(8):
         resp = client.chat.completions.create(
             model="m", messages=msgs, temperature=0.8, seed=seed, max_tokens=40,
-            extra_body={"regex": ANSWER},
+            extra_body={"regex": THINKING},
         )  # fmt: skip
         msg = resp.choices[0].message
-        assert re.fullmatch(ANSWER, msg.content) and not msg.reasoning_content, msg
-    # separate_reasoning: false keeps the raw text, and the constraint covers all of it.
-    for seed in range(8):
-        raw = client.chat.completions.create(
-            model="m", messages=msgs, temperature=0.8, seed=seed, max_tokens=40,
-            extra_body={"regex": THINKING, "separate_reasoning": False},
-        )  # fmt: skip
-        assert re.fullmatch(THINKING, raw.choices[0].message.content)
+        assert (
+            re.fullmatch(r"[a-z ]{1,12}", msg.reasoning_content + "x"[:0])
+            or msg.reasoning_content == ""
+        )
+        assert re.fullmatch(r"[A-Z][a-z]{1,8}\.", msg.content), msg
+    stream = client.chat.completions.create(
+        model="m", messages=msgs, temperature=0.8, seed=1, max_tokens=40, stream=True,
+        extra_body={"regex": THINKING},
+    )  # fmt: skip
+    reasoning = content = ""
+    for chunk in stream:
+        for choice in chunk.choices:
+            reasoning += getattr(choice.delta, "reasoning_content", None) or ""
+            content += choice.delta.content or ""
+    assert re.fullmatch(r"[A-Z][a-z]{1,8}\.", content) and "<" not in reasoning, (
+        reasoning,
+        content,
+    )
+    # separate_reasoning: false keeps the raw text.
+    raw = client.chat.completions.create(
+        model="m", messages=msgs, temperature=0.8, seed=0, max_tokens=40,
+        extra_body={"regex": THINKING, "separate_reasoning": False},
+    )  # fmt: skip
+    assert re.fullmatch(THINKING, raw.choices[0].message.content)
     compat_server.wait_idle_and_check_kv()
 
 
