@@ -4,7 +4,8 @@
   pool (identical specs in flight share one compile) and parks the request in `pending`;
   `poll` (every loop iteration) returns the requests whose grammar is ready, and those whose
   compile failed or ran past `grammar_compile_timeout` with the error message. A cached grammar
-  skips the pool entirely.
+  skips the pool entirely. Every request's grammar is wrapped here when its sampling params carry
+  a reasoning marker (reasoning.py: free `<think>` section, constrained answer).
 - Builds the batch's packed bitmask (`build_mask`) and plans/applies jump-forward (`try_jump`).
 
 Threading: every method runs on the scheduler loop thread; only the compiler's `compile` runs
@@ -24,6 +25,7 @@ import torch
 
 from radixlm.runtime.constrained.base import Grammar, GrammarCompiler, GrammarSpec
 from radixlm.runtime.constrained.jump_forward import apply_jump, plan_jump
+from radixlm.runtime.constrained.reasoning import wrap_for_reasoning
 from radixlm.runtime.errors import GrammarError
 
 logger = logging.getLogger(__name__)
@@ -81,7 +83,7 @@ class GrammarManager:
         cached = getattr(self.compiler, "cached", None)
         grammar = cached(spec) if cached is not None else None
         if grammar is not None:
-            return grammar
+            return wrap_for_reasoning(grammar, req.sampling_params)
         job = self._inflight.get(spec)
         if job is None:
             if self._pool is None:
@@ -116,7 +118,8 @@ class GrammarManager:
                     template: Grammar = future.result()
                     # NOTE: the future's grammar is shared by every request of this compile;
                     # each request gets its own copy (the template is never advanced).
-                    p.req.grammar = template.copy()
+                    # A reasoning request's grammar starts after its `</think>` (reasoning.py).
+                    p.req.grammar = wrap_for_reasoning(template.copy(), p.req.sampling_params)
                     ready.append(p.req)
                 else:
                     failed.append((p.req, _message(p.spec, exc)))

@@ -42,6 +42,9 @@ class SamplingParams:
     # SGLang's names radixlm accepts only at their defaults (see compat_params.py).
     structural_tag: str | None = None
     custom_params: dict[str, Any] | None = None
+    # Reasoning-aware constraints (constrained/reasoning.py): the grammar starts after these ids.
+    think_end_ids: list[int] | None = None
+    think_start_ids: list[int] | None = None  # None: the output starts inside the reasoning
     stream_interval: int | None = None
 
     @classmethod
@@ -157,6 +160,16 @@ class SamplingParams:
             raise InvalidRequestError(
                 "choices must be a non-empty list of non-empty strings", "choices"
             )
+        for name in ("think_end_ids", "think_start_ids"):
+            ids = getattr(self, name)
+            if ids is not None and (
+                not isinstance(ids, list)
+                or not ids
+                or not all(_is_int(t) and 0 <= t < (vocab_size or 1 << 62) for t in ids)
+            ):
+                raise InvalidRequestError(f"{name} must be a non-empty list of token ids", name)
+        if self.think_start_ids is not None and self.think_end_ids is None:
+            raise InvalidRequestError("think_start_ids needs think_end_ids", "think_start_ids")
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict):
                 raise InvalidRequestError(

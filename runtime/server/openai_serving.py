@@ -31,6 +31,7 @@ from radixlm.runtime.server.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
 )
+from radixlm.runtime.server.reasoning_parsers import REASONING_PARSERS
 from radixlm.runtime.server.state import ServerState
 
 MAX_TOP_LOGPROBS = 20
@@ -147,6 +148,15 @@ def chat_batch(
             raise ApiError(400, f"tool_choice {tools.choice!r} constrains the output: drop {taken[0]}",
                            "tool_choice")  # fmt: skip
         sp["json_schema"] = json.dumps(tools.schema)
+    parser = state.args.reasoning_parser
+    if (
+        parser
+        and req.separate_reasoning is not False
+        and constrained(sp)
+        and state.tokenizer is not None
+    ):
+        # NOTE: the constraint applies to the answer only, after `</think>` (reasoning.py).
+        sp.update(REASONING_PARSERS[parser].grammar_params(state.tokenizer))
     return request_batch.expand_request(
         input_ids=ids,
         sampling_params=sp,
@@ -156,6 +166,10 @@ def chat_batch(
         stream=bool(req.stream),
         rid=req.rid,
     )
+
+
+def constrained(sp: dict[str, Any]) -> bool:
+    return any(sp.get(k) is not None for k in ("regex", "json_schema", "choices", "ebnf"))
 
 
 def chat_prompt_ids(

@@ -7,6 +7,7 @@
                  inside the reasoning (a leading `<think>` is tolerated); everything up to
                  `</think>` is reasoning, and an output that never closes it is all reasoning.
 
+`grammar_params(tokenizer)`: the sampling params that leave the reasoning unconstrained.
 `split(text)` works on a finished text; `ReasoningStream` splits a growing text for streaming
 (text that may be the start of a tag is held back). Pure functions and per-response objects.
 """
@@ -14,6 +15,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from radixlm.lang.reasoning import END_THINK, MODEL_TYPES, THINK, Split, split_reasoning
 
@@ -25,6 +27,26 @@ class ReasoningParser:
 
     def split(self, text: str) -> Split:
         return split_reasoning(text, self.name)
+
+    def grammar_params(self, tokenizer: Any) -> dict[str, list[int]]:
+        """Sampling params that make a constraint start after the reasoning
+        (constrained/reasoning.py): the `</think>` ids, and `<think>`'s unless the output starts
+        inside the reasoning. {} (the constraint covers the whole output) for qwen3 when
+        `<think>` is not a single token."""
+
+        def ids(tag: str) -> list[int]:
+            return list(tokenizer.encode(tag, add_special_tokens=False))
+
+        params = {"think_end_ids": ids(END_THINK)}
+        if not self.starts_inside:
+            start = ids(THINK)
+            # NOTE: an opening offered as its first piece (`<`) would also catch other text that
+            # starts the same way (`<tool_call>`) and leave it unconstrained. Reasoning models
+            # have `<think>` as one special token.
+            if len(start) != 1:
+                return {}
+            params["think_start_ids"] = start
+        return params
 
 
 REASONING_PARSERS = {name: ReasoningParser(name, inside) for name, inside in MODEL_TYPES.items()}

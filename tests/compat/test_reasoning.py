@@ -63,11 +63,44 @@ def client(compat_server: ServerProcess) -> openai.OpenAI:
 
 
 THINKING = r"<think>[a-z ]{1,12}</think>[A-Z][a-z]{1,8}\."
+ANSWER = r"[A-Z][a-z]{1,8}\."
+
+
+def _default_ids(text: str) -> list[int]:
+    from radixlm.runtime.models.default_model import default_model_path
+    from radixlm.runtime.tokenizer import load_tokenizer
+
+    return load_tokenizer(default_model_path()).encode(text, add_special_tokens=False)
+
+
+def test_constraint_applies_after_reasoning(
+    client: openai.OpenAI, compat_server: ServerProcess
+) -> None:
+    """A prompt that already opened `<think>` (deepseek-r1 style, native API with
+    `think_end_ids`): the reasoning is free (logit_bias pushes `</think>`, which the regex forbids)
+    and the regex constrains only the answer after `</think>` (temperature 0.8, 8 seeds); the
+    server's `/separate_reasoning` splits it. On the OpenAI API the server sets those ids itself."""
+    end = _default_ids("</think>")  # NOTE: the default vocabulary: `</think>` is 3 tokens
+    prompt = "<|im_start|>user\nSay a word.<|im_end|>\n<|im_start|>assistant\n<think>\n"
+    for seed in range(8):
+        sp = {"regex": ANSWER, "think_end_ids": end, "logit_bias": {str(t): 100 for t in end},
+              "temperature": 0.8, "seed": seed, "max_new_tokens": 64}  # fmt: skip
+        out = compat_server.client.post("/generate", json={"text": prompt, "sampling_params": sp})
+        assert out.status_code == 200, out.text
+        text = out.json()["text"]
+        assert "</think>" in text, text
+        split = compat_server.client.post(
+            "/separate_reasoning", json={"text": text, "reasoning_parser": "deepseek-r1"}
+        ).json()
+        assert split["reasoning_text"] is not None and re.fullmatch(ANSWER, split["text"]), split
+    compat_server.wait_idle_and_check_kv()
 
 
 def test_server_splits_reasoning(client: openai.OpenAI, compat_server: ServerProcess) -> None:
     """The output is forced (regex, temperature 0.8, 8 seeds) to think-then-answer; the server
-    splits it: reasoning_content is the think section, content the answer, streaming too."""
+    splits it: reasoning_content is the think section, content the answer, streaming too. NOTE:
+    `<think>` is 3 tokens on the default vocabulary, so qwen3's constraint covers the whole output
+    (reasoning_parsers.py `grammar_params`)."""
 
     msgs = [{"role": "user", "content": "Say a word."}]
     for seed in range(8):

@@ -77,6 +77,7 @@ class FakeCompiler(GrammarCompiler):
 class FakeReq:
     rid: str
     grammar: Any = None
+    sampling_params: Any = None
 
 
 def wait_poll(mgr: GrammarManager, n: int, timeout: float = 10.0):
@@ -106,6 +107,25 @@ def test_compiles_off_thread_and_dedupes():
     assert threading.current_thread().name not in compiler.threads
     assert reqs[0].grammar is not reqs[1].grammar  # each request owns its state
     assert not mgr.pending
+
+
+def test_reasoning_requests_get_the_wrapper():
+    """Both ways a grammar reaches a request (cache hit, compiled) wrap it when the sampling
+    params carry `think_end_ids`; other requests get the backend's grammar itself."""
+    from radixlm.runtime.constrained.reasoning import ReasoningGrammar
+    from radixlm.runtime.sampling.sampling_params import SamplingParams
+
+    compiler = FakeCompiler()
+    compiler.cached = lambda spec: FakeGrammar(7) if spec.value == "hot" else None  # type: ignore[attr-defined]
+    mgr = manager(compiler)
+    sp = SamplingParams.from_dict({"regex": "x", "think_end_ids": [5]})
+    hot = mgr.submit(FakeReq("h", sampling_params=sp), GrammarSpec("regex", "hot"))
+    assert isinstance(hot, ReasoningGrammar) and hot.end_ids == (5,) and hot.start_ids is None
+    reqs = [FakeReq("a", sampling_params=sp), FakeReq("b", sampling_params=SamplingParams())]
+    assert all(mgr.submit(r, GrammarSpec("regex", "cold")) is None for r in reqs)
+    ready, failed = wait_poll(mgr, 2)
+    assert not failed and len(ready) == 2 and isinstance(reqs[0].grammar, ReasoningGrammar)
+    assert isinstance(reqs[1].grammar, FakeGrammar)
 
 
 def test_failures_fail_only_their_request():
