@@ -119,10 +119,13 @@ def gguf_blocks(
 ) -> list[tuple[torch.Tensor, int]] | None:
     """A layer's GGUF parts as block rows `[N, cl.row_bytes(qtype, K)]` with their ggml type, one
     entry per run of consecutive same-typed parts (stacked in row order), or None unless every
-    part's type is one of `cl.BLOCK_BYTES`."""
+    part is in the file with a type of `cl.BLOCK_BYTES`."""
     from radixlm.runtime.models.loader import unpermute_rows
 
-    tensors = [gguf.tensors[f"blk.{layer}.{p}.weight"] for p in parts]
+    names = [f"blk.{layer}.{p}.weight" for p in parts]
+    if any(name not in gguf.tensors for name in names):
+        return None  # NOTE: another layout (Phi-3's fused attn_qkv): the layer stays dense
+    tensors = [gguf.tensors[name] for name in names]
     if any(t.ggml_type not in cl.BLOCK_BYTES for t in tensors):
         return None
     runs: list[tuple[list[torch.Tensor], int]] = []
