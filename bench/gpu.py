@@ -14,6 +14,9 @@ Sections (`--sections`, comma-separated, all by default):
             the workload's bound from the sustained GEMM rate and the copy bandwidth (gpu_offline)
   gemv      cuBLAS vs the Triton small-batch GEMV on the model's linear shapes (the engine keeps
             the faster per shape; see runtime/models/gemm_select.py)
+  startup   start-up time with the extend warm-up, then the first three 64 x 512-token batches
+            (bench/gpu_startup.py)
+  moe       the fused-MoE kernel against its bound (bench/gpu_moe.py)
   kernels   `radixlm bench kernels --sections check,decode,extend` (full-shape checks, attention
             vs roofline and SDPA)
 """
@@ -286,6 +289,12 @@ def section_kernels(args: argparse.Namespace) -> None:
     bench_kernels.main(["--sections", "check,decode,extend"])
 
 
+def section_startup(args: argparse.Namespace) -> None:
+    from radixlm.bench.gpu_startup import section_startup as run
+
+    run(args, RESULTS)
+
+
 def section_moe(args: argparse.Namespace) -> None:
     from radixlm.bench.gpu_moe import section_moe as run
 
@@ -293,6 +302,7 @@ def section_moe(args: argparse.Namespace) -> None:
 
 
 SECTIONS = {
+    "startup": section_startup,
     "moe": section_moe,
     "gemv": section_gemv,
     "parity": section_parity,
