@@ -51,13 +51,15 @@ def _ours_prefill(engine: Any, ids: list[int]) -> float:
 class _Peer:
     """llama.cpp in a spawned child process; `call(op, *args)` runs `_OPS[op]` there."""
 
-    def __init__(self, path: str, threads: int, n_ctx: int, n_batch: int) -> None:
+    def __init__(
+        self, path: str, threads: int, n_ctx: int, n_batch: int, no_repack: bool = False
+    ) -> None:
         import multiprocessing as mp
 
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(
-            target=_peer_main, args=(child, path, threads, n_ctx, n_batch), daemon=True
+            target=_peer_main, args=(child, path, threads, n_ctx, n_batch, no_repack), daemon=True
         )
         self.proc.start()
         self.call("ping")
@@ -84,8 +86,21 @@ class _Peer:
             self.proc.kill()
 
 
-def _peer_main(conn: Any, path: str, threads: int, n_ctx: int, n_batch: int) -> None:
+def _peer_main(
+    conn: Any, path: str, threads: int, n_ctx: int, n_batch: int, no_repack: bool
+) -> None:
     import llama_cpp
+
+    if no_repack:  # NOTE: llama.cpp's extra buffer types (AMX / CPU weight repacking) off
+        default = llama_cpp.llama_model_default_params
+
+        def params() -> Any:
+            p = default()
+            p.use_extra_bufts = False
+            return p
+
+        llama_cpp.llama_model_default_params = params
+        llama_cpp.llama_cpp.llama_model_default_params = params  # what `Llama()` calls
 
     llm = llama_cpp.Llama(
         model_path=path, n_ctx=n_ctx, n_batch=n_batch, n_threads=threads,
@@ -132,6 +147,7 @@ def run(
     prefill_tokens: int = 1024,
     num_threads: int | None = None,
     engine_kwargs: dict[str, Any] | None = None,
+    no_repack: bool = False,
 ) -> list[dict[str, Any]] | None:
     """Rows of the comparison, or None (message printed) when llama_cpp cannot be imported."""
     import importlib.util
@@ -144,7 +160,8 @@ def run(
     path = model_path or default_model_path()
     threads = num_threads or len(os.sched_getaffinity(0))
     repeats = max(repeats, 3)
-    peer = _Peer(path, threads, max(2048, prefill_tokens + 64), max(prefill_tokens, 512))
+    n_ctx, n_batch = max(2048, prefill_tokens + 64), max(prefill_tokens, 512)
+    peer = _Peer(path, threads, n_ctx, n_batch, no_repack)
     try:
         return _compare(peer, path, threads, workloads, repeats, decode_tokens, prefill_tokens,
                         engine_kwargs or {})  # fmt: skip

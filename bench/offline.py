@@ -172,6 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefill-tokens", type=int, default=1024)
     parser.add_argument("--num-threads", type=int, default=None)
     parser.add_argument("--dtype", default=None, help="radixlm's dtype (llama.cpp peer)")
+    parser.add_argument(
+        "--llamacpp-no-repack",
+        action="store_true",
+        help="llama.cpp peer without its extra buffer types (AMX / weight repacking): "
+        "llama-cpp-python 0.3.36's AMX repack crashed in llama_decode on an AMX machine here",
+    )
     args = parser.parse_args(argv)
     workloads = args.workloads.split(",")
     results: dict[str, Any] = {}
@@ -181,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = run(
             workloads, args.model_path, args.repeats, args.decode_tokens, args.prefill_tokens,
             args.num_threads, {"dtype": args.dtype} if args.dtype else None,
+            args.llamacpp_no_repack,
         )  # fmt: skip
         if rows is None:
             return 2
