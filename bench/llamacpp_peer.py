@@ -201,11 +201,11 @@ def _compare(
             )  # fmt: skip
         for name, ours_fn, peer_fn in cases:
             ours_fn(), peer_fn()  # warm-up (kernel builds, caches)
-            ours, peer = [], []
+            ours_runs, peer_runs = [], []
             for _ in range(repeats):  # alternating
-                ours.append(ours_fn())
-                peer.append(peer_fn())
-            o, p = statistics.median(ours), statistics.median(peer)
+                ours_runs.append(ours_fn())
+                peer_runs.append(peer_fn())
+            o, p = statistics.median(ours_runs), statistics.median(peer_runs)
             rows.append({
                 "workload": name, "radixlm_mode": mode, "threads": threads,
                 "radixlm_tok_s": o, "llama_cpp_tok_s": p, "ratio": o / p, "repeats": repeats,
