@@ -4,7 +4,8 @@ Modules (import the one you need; this package imports nothing, so `radixlm.kern
 `*_ref` functions work where Triton is missing):
     store_kv           write new K/V rows into the paged pool
     extend_attention   prefix (paged) + causal new-token attention
-    decode_attention   split-KV, GQA-grouped decode attention (CUDA-graph-safe entry point)
+    decode_attention   split-KV, GQA-grouped decode attention (CUDA-graph-safe entry point);
+                       its torch reference in decode_attention_ref
     decode_workspace   split-count heuristic and the fp32 workspace of decode attention
     token_bitmask      apply a packed allowed-token bitmask to logits
     rmsnorm            RMSNorm and fused residual-add + RMSNorm (HF Llama semantics)

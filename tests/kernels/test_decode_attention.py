@@ -6,11 +6,8 @@ import pytest
 import torch
 
 from radixlm.kernels._triton import HAS_TRITON
-from radixlm.kernels.decode_attention import (
-    decode_attention,
-    decode_attention_fwd,
-    decode_attention_ref,
-)
+from radixlm.kernels.decode_attention import decode_attention, decode_attention_fwd
+from radixlm.kernels.decode_attention_ref import decode_attention_ref
 from radixlm.kernels.decode_workspace import (
     MAX_KV_SPLITS,
     alloc_decode_workspace,

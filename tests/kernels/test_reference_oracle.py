@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixlm.kernels.decode_attention import decode_attention_ref
+from radixlm.kernels.decode_attention_ref import decode_attention_ref
 from radixlm.kernels.extend_attention import extend_attention_ref
 from radixlm.kernels.testing import dense_attention_sdpa, make_paged_batch
 

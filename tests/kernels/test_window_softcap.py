@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from radixlm.kernels._triton import HAS_TRITON
-from radixlm.kernels.decode_attention import decode_attention, decode_attention_ref
+from radixlm.kernels.decode_attention import decode_attention
+from radixlm.kernels.decode_attention_ref import decode_attention_ref
 from radixlm.kernels.extend_attention import extend_attention, extend_attention_ref
 from radixlm.kernels.testing import PagedBatch, assert_close, make_paged_batch
 
