@@ -106,3 +106,19 @@ SCHEMA_CASES = [
 ]  # fmt: skip
 
 CASES = REGEX_CASES + SCHEMA_CASES
+
+
+# A recursive tree (issue 23): llguidance generates it; the outlines backend refuses it by name.
+TREE = {
+    "$defs": {
+        "node": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "maxLength": 8},
+                "children": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2},
+            },
+            "required": ["name", "children"],
+        }
+    },
+    "$ref": "#/$defs/node",
+}

@@ -9,25 +9,13 @@ import random
 import re
 
 import pytest
+from constrained.corpus import TREE
 from constrained.helpers import BACKENDS, EOS, allowed_ids, make_compiler, tokenizer
 from constrained.test_compile_walks import random_walk
 
 from radixlm.runtime.constrained import GrammarSpec
 from radixlm.runtime.errors import GrammarError
 
-TREE = {
-    "$defs": {
-        "node": {
-            "type": "object",
-            "properties": {
-                "name": {"type": "string", "maxLength": 8},
-                "children": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2},
-            },
-            "required": ["name", "children"],
-        }
-    },
-    "$ref": "#/$defs/node",
-}
 LINKED_LIST = {
     "$defs": {
         "cell": {

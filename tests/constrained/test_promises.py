@@ -10,6 +10,7 @@ import random
 import re
 
 import pytest
+from constrained.corpus import TREE
 from constrained.oracles import FORMAT_CHECKER, check_json, is_email, sample
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -66,19 +67,6 @@ LINKED = {
         "next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]},
     },
     "required": ["val", "next"],
-}
-TREE = {
-    "$defs": {
-        "node": {
-            "type": "object",
-            "properties": {
-                "name": {"type": "string", "maxLength": 8},
-                "children": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2},
-            },
-            "required": ["name", "children"],
-        }
-    },
-    "$ref": "#/$defs/node",
 }
 MUTUAL = {
     "definitions": {

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from constrained.corpus import TREE
 
 from radixlm.bench.grammar_corpus import GRAMMARS
 from server_process import ServerProcess
@@ -17,19 +18,6 @@ from server_process import ServerProcess
 SEEDS = range(8)
 ARITH = next(c for c in GRAMMARS if c.name == "arithmetic_gbnf")
 LISP = next(c for c in GRAMMARS if c.name == "lisp")
-TREE = {
-    "$defs": {
-        "node": {
-            "type": "object",
-            "properties": {
-                "name": {"type": "string", "maxLength": 8},
-                "children": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2},
-            },
-            "required": ["name", "children"],
-        }
-    },
-    "$ref": "#/$defs/node",
-}
 
 
 @pytest.fixture(scope="module")
