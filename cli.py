@@ -22,7 +22,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "serving": ("radixlm.bench.serving", "load generator against a running server (TTFT/TPOT/ITL)"),
     "constrained": ("radixlm.bench.constrained", "regex/JSON constrained decoding vs Outlines"),
     "kernels": (
-        "radixlm.kernels.bench_kernels",
+        "radixlm.bench.kernels",
         "Triton kernels vs references and the bandwidth roofline (GPU)",
     ),
     "gpu": (

@@ -57,8 +57,8 @@ def valid(kind: str, spec: Any, text: str) -> bool:
 # ---- compile and masks (in process) -----------------------------------------------------------
 def make_compiler(cache_dir: str | None = None) -> Any:
     from radixlm.runtime.constrained.outlines_backend import OutlinesCompiler
+    from radixlm.runtime.frontend.tokenizer import load_server_tokenizer
     from radixlm.runtime.server_args import ServerArgs
-    from radixlm.runtime.tokenizer import load_server_tokenizer
 
     tok = load_server_tokenizer(ServerArgs())
     return OutlinesCompiler(tok, 49152, (tok.eos_token_id,), cache_dir=cache_dir)
@@ -214,7 +214,7 @@ def bench_e2e(
     """JSON extraction with jump-forward on and off, and through Outlines, *interleaved* (run
     r of every system back to back; best of `repeats`), so a busy machine skews all alike.
     `json_whitespace`: the engines' `constrained_json_whitespace_pattern` (None: `[ ]?`)."""
-    from radixlm.runtime.engine import Engine
+    from radixlm.runtime.frontend.engine import Engine
 
     kinds = [("regex", W.EXTRACTION_REGEX), ("json_schema", W.EXTRACTION_SCHEMA)]
     common = {"max_total_tokens": 16384, "constrained_json_whitespace_pattern": json_whitespace}

@@ -55,8 +55,8 @@ def corpus(max_schema_kb: int | None) -> list[tuple[str, str, Any, Any]]:
 
 
 def make_compiler(backend: str) -> Any:
+    from radixlm.runtime.frontend.tokenizer import load_server_tokenizer
     from radixlm.runtime.server_args import ServerArgs
-    from radixlm.runtime.tokenizer import load_server_tokenizer
 
     tok = load_server_tokenizer(ServerArgs())
     if backend == "llguidance":
@@ -190,7 +190,7 @@ def bench_backends(
             backend, items, compile_timeout, 1 if quick else 3, 60 if quick else 300
         )
         if tpot_tokens > 0:
-            from radixlm.runtime.engine import Engine
+            from radixlm.runtime.frontend.engine import Engine
 
             engine = Engine(grammar_backend=backend)
             try:

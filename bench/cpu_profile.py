@@ -14,8 +14,8 @@ import time
 
 import torch
 
-from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
-from radixlm.runtime.model_runner import ModelRunner
+from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
+from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.models.loader import resolve_model
 from radixlm.runtime.server_args import ServerArgs
 

@@ -112,8 +112,8 @@ def _runner_decode_tok_s(
     import torch
 
     from radixlm.kernels.decode_inputs import decode_inputs
-    from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
-    from radixlm.runtime.model_runner import ModelRunner
+    from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
+    from radixlm.runtime.executor.model_runner import ModelRunner
     from radixlm.runtime.models.loader import resolve_model
     from radixlm.runtime.sampling.sampler import argmax
     from radixlm.runtime.server_args import ServerArgs
@@ -284,7 +284,7 @@ def section_gemv(args: argparse.Namespace) -> None:
 
 
 def section_kernels(args: argparse.Namespace) -> None:
-    from radixlm.kernels import bench_kernels
+    from radixlm.bench import kernels as bench_kernels
 
     bench_kernels.main(["--sections", "check,decode,extend"])
 

@@ -36,7 +36,7 @@ def random_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[
 
 
 def engine(model: str, **kwargs: Any) -> Any:
-    from radixlm.runtime.engine import Engine
+    from radixlm.runtime.frontend.engine import Engine
 
     return Engine(
         model_path=model,

@@ -179,7 +179,7 @@ def _compare(
     prefill_tokens: int,
     engine_kwargs: dict[str, Any],
 ) -> list[dict[str, Any]]:
-    from radixlm.runtime.engine import Engine
+    from radixlm.runtime.frontend.engine import Engine
 
     prompt_ids = peer.call("tokenize", _PROMPT)
     filler = peer.call("tokenize", "the sea and the light " * prefill_tokens)

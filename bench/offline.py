@@ -118,7 +118,7 @@ def bench_decode1(engine: Any, ref: Any, new_tokens: int) -> dict[str, Any]:
 
 
 def bench_prefix(n: int, answer_tokens: int) -> list[dict[str, Any]]:
-    from radixlm.runtime.engine import Engine
+    from radixlm.runtime.frontend.engine import Engine
 
     prefix, questions = prefix_workload(n)
     prompts = [prefix + q for q in questions]
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.json, {"vs_llama_cpp": rows})
         return 0
     if "mixed" in workloads or "decode1" in workloads:
-        from radixlm.runtime.engine import Engine
+        from radixlm.runtime.frontend.engine import Engine
         from radixlm.runtime.models.hf_reference import HFReference
 
         ref = HFReference.default()

@@ -221,7 +221,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    from radixlm.runtime.engine import Engine
+    from radixlm.runtime.frontend.engine import Engine
 
     programs = make_programs(args.num_shots, args.max_tokens)
     workloads = list(programs) if args.workload == "all" else [args.workload]

@@ -16,8 +16,8 @@ from typing import NamedTuple
 
 import torch
 
-from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
-from radixlm.runtime.model_runner import ModelRunner
+from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
+from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.models.loader import resolve_model
 from radixlm.runtime.server_args import ServerArgs
 
@@ -68,9 +68,9 @@ def measure(runner: ModelRunner, ids: list[int], window: int = 512) -> Quality:
 
 
 def text_ids(tokenizer_source: str | None = None, max_tokens: int | None = None) -> list[int]:
+    from radixlm.runtime.frontend.tokenizer import load_tokenizer
     from radixlm.runtime.models.gguf_file import GGUFFile
     from radixlm.runtime.models.loader import resolve_model as _resolve
-    from radixlm.runtime.tokenizer import load_tokenizer
 
     source = _resolve(tokenizer_source)
     gguf = source.gguf if isinstance(source.gguf, GGUFFile) else None

@@ -314,8 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    from radixlm.runtime.frontend.tokenizer import load_server_tokenizer
     from radixlm.runtime.server_args import ServerArgs
-    from radixlm.runtime.tokenizer import load_server_tokenizer
 
     tokenizer = load_server_tokenizer(ServerArgs(tokenizer_path=args.tokenizer))
     words = word_tokens(tokenizer)

@@ -67,7 +67,7 @@ def get_server_info(backend: Any = None) -> dict[str, Any]:
 # name -> (module, attribute), imported on first access.
 # NOTE: the HTTP backends are lazy too: `import radixlm` must not import httpx or openai.
 _LAZY = {
-    "Engine": ("radixlm.runtime.engine", "Engine"),
+    "Engine": ("radixlm.runtime.frontend.engine", "Engine"),
     "EngineBackend": ("radixlm.interpreter.engine_backend", "EngineBackend"),
     "RuntimeEndpoint": ("radixlm.interpreter.runtime_endpoint", "RuntimeEndpoint"),
     "EndpointError": ("radixlm.interpreter.runtime_endpoint", "EndpointError"),

@@ -35,7 +35,7 @@ class EngineBackend(NativeBackend):
     def __init__(self, engine: Any = None, **engine_args: Any) -> None:
         self._owns_engine = engine is None
         if engine is None:
-            from radixlm.runtime.engine import Engine
+            from radixlm.runtime.frontend.engine import Engine
 
             engine = Engine(**engine_args)
         elif engine_args:

@@ -18,7 +18,6 @@ Modules (import the one you need; this package imports nothing, so `radixlm.kern
     testing            random paged batches and tolerances for tests/benchmarks
     cpu/               C++/SIMD CPU kernels (ctypes; built on first use): small-batch linears on
                        dense and GGUF-block weights, decode attention, RMSNorm (see cpu/__init__)
-    bench_kernels      `radixlm bench kernels` (main(argv)); checks in bench_checks, speed
-                       sections in bench_perf
-See docs/kernels.md.
+Their benchmark, `radixlm bench kernels`, lives in radixlm.bench.kernels (checks in
+kernel_checks, speed sections in kernel_perf). See docs/kernels.md.
 """

@@ -1,4 +1,4 @@
-"""Random paged batches for the kernel tests and `bench_kernels` (pure torch, no triton).
+"""Random paged batches for the kernel tests and `radixlm bench kernels` (pure torch, no triton).
 
 `make_paged_batch` lays out a batch exactly as the runtime does: a KV pool with padding slot 0,
 a `req_to_token` table whose rows are scattered (shuffled request rows, shuffled non-contiguous

@@ -35,7 +35,7 @@ ENGINES: dict[tuple, Any] = {}
 
 def get_engine(**kwargs: Any) -> Any:
     """A shared Engine for this configuration (started on first use, stopped at session end)."""
-    from radixlm.runtime.engine import Engine
+    from radixlm.runtime.frontend.engine import Engine
 
     key = tuple(sorted(kwargs.items()))
     engine = ENGINES.get(key)
@@ -110,7 +110,7 @@ def runner_logits(runner: Any, ids: list[int]) -> Any:
     """All-position logits of one prompt through a ModelRunner (one EXTEND batch, no cache)."""
     import torch
 
-    from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
+    from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
 
     n = len(ids)
     row = runner.req_to_token.alloc()

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import torch
 
-from radixlm.runtime.forward_batch import ForwardBatch
+from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.mem.kv_pool import KVPool, ReqToTokenPool
 from radixlm.runtime.models.config import ModelConfig
 from radixlm.runtime.models.rotary import RotaryEmbedding

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from radixlm.kernels.store_kv import dequantize_kv
 from radixlm.runtime.attention.base import AttentionBackend, LayerAttention
-from radixlm.runtime.forward_batch import ForwardBatch
+from radixlm.runtime.executor.forward_batch import ForwardBatch
 
 
 @dataclass

@@ -32,7 +32,7 @@ from radixlm.kernels.extend_attention import extend_attention
 from radixlm.kernels.rotary import rotary_store_kv
 from radixlm.kernels.store_kv import store_kv
 from radixlm.runtime.attention.base import AttentionBackend
-from radixlm.runtime.forward_batch import ForwardBatch
+from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.mem.kv_pool import KVPool, ReqToTokenPool
 from radixlm.runtime.models.rotary import RotaryEmbedding
 

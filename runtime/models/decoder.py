@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from radixlm.runtime.attention.base import AttentionBackend
-from radixlm.runtime.forward_batch import ForwardBatch
+from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.models.config import ModelConfig
 from radixlm.runtime.models.llama import (
     Embedding,

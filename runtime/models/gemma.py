@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.runtime.attention.base import AttentionBackend
-from radixlm.runtime.forward_batch import ForwardBatch
+from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.models.config import ModelConfig
 from radixlm.runtime.models.decoder import DecoderForCausalLM, QKNormAttention
 from radixlm.runtime.models.llama import Embedding, Linear, LlamaAttention, RMSNorm

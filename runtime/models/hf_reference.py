@@ -32,7 +32,7 @@ class HFReference:
         the engine's exact weights (each device's generator gives its own random stream)."""
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        from radixlm.runtime.tokenizer import load_tokenizer
+        from radixlm.runtime.frontend.tokenizer import load_tokenizer
 
         source = resolve_model(model_path, load_format)
         dev = torch.device(device)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.runtime.attention.base import AttentionBackend
-from radixlm.runtime.forward_batch import ForwardBatch
+from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.models.config import ModelConfig
 from radixlm.runtime.models.gemm_select import bucket_of
 from radixlm.runtime.models.rotary import RotaryEmbedding

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from radixlm.runtime import io
+from radixlm.runtime.processes import io
 
 
 class SchedulerInfo:

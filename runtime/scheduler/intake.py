@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import time
 
-from radixlm.runtime import io
 from radixlm.runtime.constrained.base import GrammarSpec
 from radixlm.runtime.errors import InvalidRequestError
+from radixlm.runtime.processes import io
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.scheduler.output import make_output
 from radixlm.runtime.scheduler.req import Req

@@ -4,7 +4,7 @@ since the last message (`make_output`), or an error for a request that never ran
 
 from __future__ import annotations
 
-from radixlm.runtime import io
+from radixlm.runtime.processes import io
 from radixlm.runtime.scheduler.req import Req
 
 

@@ -28,8 +28,8 @@ from typing import NamedTuple
 
 import torch
 
-from radixlm.runtime.forward_batch import ForwardMode
-from radixlm.runtime.host_transfer import HostTransfer
+from radixlm.runtime.executor.forward_batch import ForwardMode
+from radixlm.runtime.executor.host_transfer import HostTransfer
 from radixlm.runtime.sampling.sampler import sample
 from radixlm.runtime.sampling.sampling_batch import SamplingBatch, needs_processor
 from radixlm.runtime.scheduler.req import Req

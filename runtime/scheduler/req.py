@@ -15,7 +15,7 @@ import torch
 
 from radixlm.runtime.sampling.compat_params import STOP_REGEX_WINDOW, first_stop_regex_match
 from radixlm.runtime.sampling.sampling_params import SamplingParams
-from radixlm.runtime.stop_match import StopChecker, max_stop_bytes
+from radixlm.runtime.sampling.stop_match import StopChecker, max_stop_bytes
 
 
 class Req:

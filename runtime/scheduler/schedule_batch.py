@@ -19,8 +19,8 @@ import torch
 
 from radixlm.kernels._triton import HAS_TRITON
 from radixlm.kernels.decode_inputs import decode_inputs, decode_inputs_ref
-from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
-from radixlm.runtime.host_transfer import HostTransfer
+from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
+from radixlm.runtime.executor.host_transfer import HostTransfer
 from radixlm.runtime.mem.kv_pool import SlotAllocator
 from radixlm.runtime.mem.prefix_cache import PrefixCache
 from radixlm.runtime.scheduler.req import Req

@@ -30,16 +30,18 @@ from typing import Any
 import torch
 import zmq
 
-from radixlm.runtime import io
 from radixlm.runtime.constrained.setup import make_grammar_manager
-from radixlm.runtime.forward_batch import ForwardMode
-from radixlm.runtime.host_transfer import HostTransfer
-from radixlm.runtime.ipc import PortArgs, TypedReceiver, pull_socket, push_socket, send
+from radixlm.runtime.executor.forward_batch import ForwardMode
+from radixlm.runtime.executor.host_transfer import HostTransfer
+from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.frontend.tokenizer import load_server_tokenizer
 from radixlm.runtime.mem.radix_cache import make_prefix_cache
-from radixlm.runtime.model_runner import ModelRunner
 from radixlm.runtime.models.loader import resolve_model
+from radixlm.runtime.processes import io
+from radixlm.runtime.processes.ipc import PortArgs, TypedReceiver, pull_socket, push_socket, send
 from radixlm.runtime.sampling.sampler import sample
 from radixlm.runtime.sampling.sampling_batch import SamplingBatch
+from radixlm.runtime.sampling.stop_match import StopChecker
 from radixlm.runtime.scheduler.info import SchedulerInfo
 from radixlm.runtime.scheduler.intake import RequestIntake
 from radixlm.runtime.scheduler.output import error_output, make_output
@@ -54,8 +56,6 @@ from radixlm.runtime.scheduler.schedule_batch import (
     prepare_extend,
 )
 from radixlm.runtime.server_args import ServerArgs
-from radixlm.runtime.stop_match import StopChecker
-from radixlm.runtime.tokenizer import load_server_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -382,7 +382,7 @@ class Scheduler(RequestIntake, OverlapDecode, SchedulerInfo):
 
 def run_scheduler_process(args: ServerArgs, ports: PortArgs, pipe: Any) -> None:
     """Entry point of the scheduler process (started with the spawn method)."""
-    from radixlm.runtime.process_utils import configure_child_process
+    from radixlm.runtime.processes.process_utils import configure_child_process
 
     configure_child_process("scheduler", args.log_level)
     try:

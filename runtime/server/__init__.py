@@ -5,5 +5,5 @@ Layout: `protocol.py` / `openai_protocol.py` (request models), `app.py` (the app
 requests -> engine requests -> OpenAI responses), `middleware.py` (API key, body limit, drain
 gate), `metrics.py` and `request_log.py` (observability), `launch_server.py` (`radixlm serve`).
 One process: uvicorn's event loop hosts the TokenizerManager; the scheduler and detokenizer are
-child processes started by `runtime/launch.py`, exactly as for the embedded `Engine`.
+child processes started by `runtime/processes/launch.py`, exactly as for the embedded `Engine`.
 """

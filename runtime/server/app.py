@@ -24,6 +24,7 @@ from starlette.responses import Response
 
 import radixlm
 from radixlm.runtime.errors import RadixLMError
+from radixlm.runtime.frontend.tokenizer_manager import TokenizerManager
 from radixlm.runtime.server import compat_api, native_api, openai_api
 from radixlm.runtime.server.errors import ApiError, to_api_error
 from radixlm.runtime.server.http_utils import ClientDisconnected, error_response
@@ -33,7 +34,6 @@ from radixlm.runtime.server.openai_protocol import ChatCompletionRequest, Comple
 from radixlm.runtime.server.protocol import AbortRequest, FlushCacheRequest, GenerateRequest
 from radixlm.runtime.server.request_log import log_request_end
 from radixlm.runtime.server.state import ServerState
-from radixlm.runtime.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger(__name__)
 CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, but logs show it

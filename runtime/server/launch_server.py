@@ -28,14 +28,14 @@ from typing import Any
 import uvicorn
 
 from radixlm.runtime.errors import RadixLMError
-from radixlm.runtime.launch import launch_processes
+from radixlm.runtime.frontend.tokenizer_manager import GenerateInput
 from radixlm.runtime.models.default_model import ModelNotFoundError
 from radixlm.runtime.models.hf_cache import resolve_cached_model
-from radixlm.runtime.process_utils import configure_logging
+from radixlm.runtime.processes.launch import launch_processes
+from radixlm.runtime.processes.process_utils import configure_logging
 from radixlm.runtime.server.metrics import HEALTH_RID_PREFIX
 from radixlm.runtime.server.state import ServerState
 from radixlm.runtime.server_args import ServerArgs
-from radixlm.runtime.tokenizer_manager import GenerateInput
 
 logger = logging.getLogger("radixlm.server")
 READY_LINE = "The server is fired up and ready to roll!"
@@ -148,8 +148,8 @@ def serve_main(argv: list[str] | None = None) -> int:
     def while_starting() -> None:
         # NOTE: the heavy imports (transformers, the app: ~2 s) run once the children are spawned,
         # overlapping their start-up instead of delaying it.
+        from radixlm.runtime.frontend.tokenizer import load_server_tokenizer
         from radixlm.runtime.server import app  # noqa: F401
-        from radixlm.runtime.tokenizer import load_server_tokenizer
 
         box["tokenizer"] = load_server_tokenizer(args)
 

@@ -28,7 +28,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from radixlm.runtime.tokenizer_manager import ReqState
+from radixlm.runtime.frontend.tokenizer_manager import ReqState
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 HEALTH_RID_PREFIX = "HEALTH_CHECK_"

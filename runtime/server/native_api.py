@@ -26,7 +26,8 @@ from fastapi import APIRouter, Request
 from starlette.responses import PlainTextResponse, Response
 
 import radixlm
-from radixlm.runtime import request_batch
+from radixlm.runtime.frontend import request_batch
+from radixlm.runtime.frontend.tokenizer_manager import GenerateInput
 from radixlm.runtime.server.errors import ApiError, to_api_error
 from radixlm.runtime.server.http_utils import (
     SSE_DONE,
@@ -41,7 +42,6 @@ from radixlm.runtime.server.http_utils import (
 from radixlm.runtime.server.metrics import CONTENT_TYPE, HEALTH_RID_PREFIX
 from radixlm.runtime.server.protocol import AbortRequest, FlushCacheRequest, GenerateRequest
 from radixlm.runtime.server.state import ServerState
-from radixlm.runtime.tokenizer_manager import GenerateInput
 
 router = APIRouter()
 HEALTH_GENERATE_TIMEOUT = 20.0

@@ -20,9 +20,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from radixlm.runtime import request_batch
 from radixlm.runtime.errors import RadixLMError
-from radixlm.runtime.request_batch import RequestBatch
+from radixlm.runtime.frontend import request_batch
+from radixlm.runtime.frontend.request_batch import RequestBatch
 from radixlm.runtime.server import openai_format as fmt
 from radixlm.runtime.server import reasoning_stream
 from radixlm.runtime.server.chat_tools import ToolStream, apply_to_response, plan_tools

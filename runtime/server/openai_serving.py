@@ -18,8 +18,8 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from radixlm.runtime import request_batch
-from radixlm.runtime.request_batch import RequestBatch
+from radixlm.runtime.frontend import request_batch
+from radixlm.runtime.frontend.request_batch import RequestBatch
 from radixlm.runtime.server.chat_tools import (
     ToolPlan,
     template_mentions_tools,

@@ -14,8 +14,8 @@ import json
 import logging
 import time
 
+from radixlm.runtime.frontend.tokenizer_manager import ReqState
 from radixlm.runtime.server.metrics import HEALTH_RID_PREFIX
-from radixlm.runtime.tokenizer_manager import ReqState
 
 logger = logging.getLogger("radixlm.request")
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixlm.runtime.errors import EngineDeadError
-from radixlm.runtime.launch import EngineProcesses
+from radixlm.runtime.frontend.tokenizer_manager import TokenizerManager
 from radixlm.runtime.models.default_model import DEFAULT_MODEL_NAME, default_model_path
+from radixlm.runtime.processes.launch import EngineProcesses
 from radixlm.runtime.server_args import ServerArgs
-from radixlm.runtime.tokenizer_manager import TokenizerManager
 
 # Paths whose requests run the engine: counted as in flight, refused while draining.
 WORK_PATHS = frozenset(

@@ -18,7 +18,7 @@ from typing import Any
 
 
 def _stand_in_srt_utils(reason: str) -> None:
-    from radixlm.runtime.tokenizer import load_tokenizer
+    from radixlm.runtime.frontend.tokenizer import load_tokenizer
 
     utils = types.ModuleType("sglang.srt.utils")
     utils.__doc__ = f"radixlm's test stand-in for SGLang's server helpers ({reason})"

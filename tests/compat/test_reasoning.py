@@ -67,8 +67,8 @@ ANSWER = r"[A-Z][a-z]{1,8}\."
 
 
 def _default_ids(text: str) -> list[int]:
+    from radixlm.runtime.frontend.tokenizer import load_tokenizer
     from radixlm.runtime.models.default_model import default_model_path
-    from radixlm.runtime.tokenizer import load_tokenizer
 
     return load_tokenizer(default_model_path()).encode(text, add_special_tokens=False)
 

@@ -12,8 +12,8 @@ SPECIAL = ["<tool_call>", "</tool_call>", "[TOOL_CALLS]", "<|python_tag|>", "<th
 
 @functools.cache
 def special_tokenizer() -> Any:
+    from radixlm.runtime.frontend.tokenizer import load_tokenizer
     from radixlm.runtime.models.default_model import default_model_path
-    from radixlm.runtime.tokenizer import load_tokenizer
 
     tok = load_tokenizer(default_model_path())
     tok.add_special_tokens({"additional_special_tokens": SPECIAL})

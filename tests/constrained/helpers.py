@@ -16,8 +16,8 @@ EOS = 2
 
 @functools.lru_cache(maxsize=1)
 def tokenizer() -> Any:
+    from radixlm.runtime.frontend.tokenizer import load_server_tokenizer
     from radixlm.runtime.server_args import ServerArgs
-    from radixlm.runtime.tokenizer import load_server_tokenizer
 
     return load_server_tokenizer(ServerArgs())
 

@@ -330,7 +330,7 @@ def test_any_schema_compiles_to_valid_outputs_or_is_refused_by_name(schema, wrap
 
 
 def test_schema_pattern_size_is_bounded_in_its_json_escaped_form():
-    from radixlm.runtime.regex_guard import check_schema_patterns
+    from radixlm.runtime.constrained.regex_guard import check_schema_patterns
 
     check_schema_patterns(json.dumps({"type": "string", "pattern": "^.{1,200}$"}))
     with pytest.raises(GrammarError, match="too complex once JSON-escaped"):

@@ -255,7 +255,7 @@ def test_server_info_and_flush_cache(engine) -> None:
 
 
 def test_token_ids_only_engine_with_dummy_weights() -> None:
-    from radixlm.runtime.engine import Engine
+    from radixlm.runtime.frontend.engine import Engine
 
     with Engine(model_path="tiny-llama", load_format="dummy", skip_tokenizer_init=True) as eng:
         out = eng.generate(
@@ -269,7 +269,7 @@ def test_token_ids_only_engine_with_dummy_weights() -> None:
 
 
 def test_engine_arguments_are_checked() -> None:
-    from radixlm.runtime.engine import Engine
+    from radixlm.runtime.frontend.engine import Engine
     from radixlm.runtime.models.default_model import ModelNotFoundError
 
     with pytest.raises(TypeError, match="bogus_flag"):
@@ -287,8 +287,8 @@ def test_engine_arguments_are_checked() -> None:
 def test_streams_after_shutdown_raise_and_close_from_another_thread() -> None:
     """A stream read after shutdown raises RequestAbortedError at once (it used to hang), sync and
     async; closing a stream that another thread is reading aborts it instead of raising."""
-    from radixlm.runtime.engine import Engine
     from radixlm.runtime.errors import RequestAbortedError
+    from radixlm.runtime.frontend.engine import Engine
 
     params = {"max_new_tokens": 200, "ignore_eos": True}
     with Engine(model_path="tiny-llama", load_format="dummy", skip_tokenizer_init=True) as eng:

@@ -18,7 +18,7 @@ TINY = {"model_path": "tiny-llama", "load_format": "dummy", "skip_tokenizer_init
 
 
 def _greedy(batch: list[list[int]], **kwargs) -> list[list[int]]:
-    from radixlm.runtime.engine import Engine
+    from radixlm.runtime.frontend.engine import Engine
 
     with Engine(**TINY, dtype="float32", random_seed=0, **kwargs) as eng:
         assert str(eng.get_server_info()["device"]).startswith("cuda")
@@ -38,7 +38,7 @@ def test_cuda_graph_replay_equals_eager(bs):
 
 
 def test_host_transfer_streams():
-    from radixlm.runtime.host_transfer import HostTransfer
+    from radixlm.runtime.executor.host_transfer import HostTransfer
 
     transfer = HostTransfer(torch.device("cuda"))
     dev = transfer.to_device([[1, 2, 3], [4, 5, 6]])

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from radixlm.bench.kernels import main
 from radixlm.kernels._triton import HAS_TRITON
-from radixlm.kernels.bench_kernels import main
 
 
 def test_help_parses() -> None:

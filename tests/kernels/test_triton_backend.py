@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from radixlm.kernels.gemv import GEMV_CONFIGS
-from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
-from radixlm.runtime.model_runner import ModelRunner
+from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
+from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.models.llama import Linear, RMSNorm
 from radixlm.runtime.models.loader import resolve_model
 from radixlm.runtime.models.rotary import RotaryEmbedding

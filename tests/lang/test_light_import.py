@@ -21,9 +21,9 @@ def test_engine_process_loads_the_default_tokenizer_without_torch():
     and the detokenizer skip its ~2 s import (with three processes starting on two cores, the
     scheduler's start-up is what everyone waits for)."""
     code = (
-        "import sys, radixlm.runtime.engine, radixlm.runtime.server.app, radixlm.runtime.detokenizer\n"
+        "import sys, radixlm.runtime.frontend.engine, radixlm.runtime.server.app, radixlm.runtime.frontend.detokenizer\n"
         "from radixlm.runtime.server_args import ServerArgs\n"
-        "from radixlm.runtime.tokenizer import load_server_tokenizer\n"
+        "from radixlm.runtime.frontend.tokenizer import load_server_tokenizer\n"
         "assert load_server_tokenizer(ServerArgs()).encode('Hello') == [19556]\n"
         "assert 'torch' not in sys.modules\n"
     )

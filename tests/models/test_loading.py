@@ -9,7 +9,7 @@ import pytest
 import torch
 from tiny_models import TINY, save_tiny
 
-from radixlm.runtime.model_runner import ModelRunner
+from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.models.default_model import ModelNotFoundError
 from radixlm.runtime.models.loader import resolve_model
 from radixlm.runtime.server_args import ServerArgs
@@ -49,7 +49,7 @@ def test_repo_id_resolves_from_the_local_cache(hf_cache) -> None:
 
 
 def test_engine_takes_a_cached_repo_id(hf_cache) -> None:
-    from radixlm.runtime.engine import Engine
+    from radixlm.runtime.frontend.engine import Engine
 
     engine = Engine(
         model_path="tiny-org/Tiny-Qwen3", skip_tokenizer_init=True, max_total_tokens=128

@@ -8,7 +8,7 @@ import pytest
 import torch
 from tiny_models import TINY, WINDOWED, save_tiny
 
-from radixlm.runtime.model_runner import ModelRunner
+from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.models.loader import resolve_model
 from radixlm.runtime.server_args import ServerArgs
 from tests_helpers import runner_logits

@@ -51,7 +51,7 @@ def test_unsupported_architecture_lists_the_supported_ones() -> None:
 
 
 def test_engine_refuses_an_unsupported_checkpoint_at_start(tmp_path) -> None:
-    from radixlm.runtime.engine import Engine
+    from radixlm.runtime.frontend.engine import Engine
 
     cfg = {"architectures": ["BloomForCausalLM"], "model_type": "bloom", "vocab_size": 8}
     (tmp_path / "config.json").write_text(json.dumps(cfg))

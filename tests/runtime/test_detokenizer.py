@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from radixlm.runtime import io
-from radixlm.runtime.detokenizer import Detokenizer
-from radixlm.runtime.stop_match import StopChecker, max_stop_bytes
+from radixlm.runtime.frontend.detokenizer import Detokenizer
+from radixlm.runtime.processes import io
+from radixlm.runtime.sampling.stop_match import StopChecker, max_stop_bytes
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
+    from radixlm.runtime.frontend.tokenizer import load_tokenizer
     from radixlm.runtime.models.default_model import default_model_path
-    from radixlm.runtime.tokenizer import load_tokenizer
 
     return load_tokenizer(default_model_path())
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from radixlm.kernels.quant_fp8 import FP8_DTYPE, FP8_MAX, per_token_quant_fp8_ref
-from radixlm.runtime.model_runner import ModelRunner
+from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.models.fp8 import dequantize_fp8, fp8_linear, quantize_weight_fp8
 from radixlm.runtime.models.llama import Linear
 from radixlm.runtime.models.loader import resolve_model

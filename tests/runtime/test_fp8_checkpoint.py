@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from radixlm.kernels.quant_fp8 import FP8_DTYPE, FP8_MAX
-from radixlm.runtime.model_runner import ModelRunner
+from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.models.config import ModelConfig, UnsupportedModelError
 from radixlm.runtime.models.fp8 import dequantize_fp8, quantize_weight_fp8
 from radixlm.runtime.models.llama import Linear

@@ -15,7 +15,7 @@ from kquant_blocks import random_kquant_blocks
 
 from radixlm.bench.cpu_profile import decode_steps
 from radixlm.kernels.cpu import build
-from radixlm.runtime.model_runner import ModelRunner
+from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.models.loader import resolve_model
 from radixlm.runtime.server_args import ServerArgs
 from tests_helpers import runner_logits

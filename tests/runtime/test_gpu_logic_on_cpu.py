@@ -11,14 +11,14 @@ import torch
 from torch import nn
 
 from radixlm.kernels.decode_inputs import DECODE_INPUT_ROWS
-from radixlm.runtime.cuda_graph_runner import (
+from radixlm.runtime.executor.cuda_graph_runner import (
     assembled_in_place,
     batch_size_ladder,
     graph_size,
     stage_inputs,
 )
-from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
-from radixlm.runtime.host_transfer import HostTransfer
+from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
+from radixlm.runtime.executor.host_transfer import HostTransfer
 from radixlm.runtime.models.gemm_select import (
     BUCKETS,
     MIN_GAIN,

@@ -7,8 +7,8 @@ import torch
 
 from radixlm.kernels.store_kv import dequantize_kv
 from radixlm.runtime.errors import InvalidRequestError
+from radixlm.runtime.executor.model_runner import check_fp8_support, resolve_kv_cache_dtype
 from radixlm.runtime.mem.kv_pool import KVPool
-from radixlm.runtime.model_runner import check_fp8_support, resolve_kv_cache_dtype
 from radixlm.runtime.server_args import ServerArgs
 
 

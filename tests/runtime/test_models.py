@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixlm.runtime.model_runner import ModelRunner
+from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.models.config import ModelConfig
 from radixlm.runtime.models.loader import resolve_model
 from radixlm.runtime.models.reference import reference_logits
@@ -125,8 +125,8 @@ def test_gguf_tokenizer_equals_transformers_gguf_conversion() -> None:
 
     from transformers import AutoTokenizer
 
+    from radixlm.runtime.frontend.tokenizer import load_tokenizer
     from radixlm.runtime.models.default_model import default_model_path
-    from radixlm.runtime.tokenizer import load_tokenizer
 
     path = default_model_path()
     ours = load_tokenizer(path)

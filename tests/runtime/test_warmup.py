@@ -1,12 +1,12 @@
-"""The start-up extend warm-up (runtime/warmup.py): its shape list and a run on CPU that leaves
+"""The start-up extend warm-up (runtime/executor/warmup.py): its shape list and a run on CPU that leaves
 no KV slot or req_to_token row behind."""
 
 from __future__ import annotations
 
-from radixlm.runtime.model_runner import ModelRunner
+from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.executor.warmup import ExtendShape, extend_shapes, warm_extend
 from radixlm.runtime.models.loader import resolve_model
 from radixlm.runtime.server_args import ServerArgs
-from radixlm.runtime.warmup import ExtendShape, extend_shapes, warm_extend
 
 
 def test_shapes_cover_prefix_batch_and_the_chunk_within_capacity() -> None:

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
+from radixlm.runtime.constrained.regex_guard import MAX_DFA_STATES, check_regex_size, dfa_size
 from radixlm.runtime.errors import GrammarError
-from radixlm.runtime.regex_guard import MAX_DFA_STATES, check_regex_size, dfa_size
 
 HUGE = b'{"text": "' + b"x" * (9 * 1024 * 1024) + b'"}'  # over the default 8 MiB body limit
 LONG_TEXT = "hello " * 5000  # ~5000 tokens: over the tiny model's 2048-token context

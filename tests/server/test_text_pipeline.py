@@ -8,8 +8,8 @@ from __future__ import annotations
 import openai
 import pytest
 
+from radixlm.runtime.frontend.tokenizer import load_tokenizer
 from radixlm.runtime.models.default_model import default_model_path
-from radixlm.runtime.tokenizer import load_tokenizer
 
 GREEDY = {"temperature": 0}
 

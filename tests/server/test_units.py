@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from radixlm.runtime.errors import InvalidRequestError, QueueFullError, RequestTimeoutError
-from radixlm.runtime.request_batch import expand_request, group_results
+from radixlm.runtime.frontend.request_batch import expand_request, group_results
 from radixlm.runtime.server import openai_format as fmt
 from radixlm.runtime.server.errors import to_api_error
 from radixlm.runtime.server.http_utils import dumps

@@ -172,11 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# radixlm kernel bench: {info}")
     print(HEADER)
     if "check" in sections:
-        from radixlm.kernels.bench_checks import run_checks
+        from radixlm.bench.kernel_checks import run_checks
 
         run_checks(bench)
     if sections & {"decode", "extend", "misc", "sweep"}:
-        from radixlm.kernels.bench_perf import run_perf
+        from radixlm.bench.kernel_perf import run_perf
 
         run_perf(bench, sections)
     failed = [r for r in bench.rows if not r.ok]

@@ -1,4 +1,4 @@
-"""Entry point of the engine's child processes: `python -m radixlm.runtime.child <role> <fd>`.
+"""Entry point of the engine's child processes: `python -m radixlm.runtime.processes.child <role> <fd>`.
 
 Reads `{"args": ServerArgs fields, "ports": PortArgs fields}` as JSON from stdin and runs the
 role's loop; readiness (or the startup error) goes to file descriptor <fd> as one JSON line.
@@ -24,7 +24,7 @@ class ReadyPipe:
 def main() -> None:
     role, fd = sys.argv[1], int(sys.argv[2])
     config = json.loads(sys.stdin.read())
-    from radixlm.runtime.ipc import PortArgs
+    from radixlm.runtime.processes.ipc import PortArgs
     from radixlm.runtime.server_args import ServerArgs
 
     args = ServerArgs(**config["args"])
@@ -35,7 +35,7 @@ def main() -> None:
 
         run_scheduler_process(args, ports, pipe)
     elif role == "detokenizer":
-        from radixlm.runtime.detokenizer import run_detokenizer_process
+        from radixlm.runtime.frontend.detokenizer import run_detokenizer_process
 
         run_detokenizer_process(args, ports, pipe)
     else:

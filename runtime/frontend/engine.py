@@ -27,15 +27,15 @@ import weakref
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from radixlm.runtime import request_batch
 from radixlm.runtime.errors import EngineDeadError, RequestAbortedError
-from radixlm.runtime.launch import EngineProcesses, launch_processes
+from radixlm.runtime.frontend import request_batch
+from radixlm.runtime.frontend.request_batch import RequestBatch
+from radixlm.runtime.frontend.tokenizer_manager import TokenizerManager
 from radixlm.runtime.models.default_model import DEFAULT_MODEL_NAME
 from radixlm.runtime.models.hf_cache import resolve_cached_model
-from radixlm.runtime.process_utils import configure_logging
-from radixlm.runtime.request_batch import RequestBatch
+from radixlm.runtime.processes.launch import EngineProcesses, launch_processes
+from radixlm.runtime.processes.process_utils import configure_logging
 from radixlm.runtime.server_args import ServerArgs
-from radixlm.runtime.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ class Engine:
 
         def load_tokenizer() -> None:  # runs while the children start
             # NOTE: imported here, after the spawn: transformers takes ~1 s to import.
-            from radixlm.runtime.tokenizer import load_server_tokenizer
+            from radixlm.runtime.frontend.tokenizer import load_server_tokenizer
 
             self.tokenizer = load_server_tokenizer(args)
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import zmq
 
-from radixlm.runtime import io
-from radixlm.runtime.ipc import PortArgs, TypedReceiver, pull_socket, push_socket, send
+from radixlm.runtime.processes import io
+from radixlm.runtime.processes.ipc import PortArgs, TypedReceiver, pull_socket, push_socket, send
+from radixlm.runtime.sampling.stop_match import complete_len
 from radixlm.runtime.server_args import ServerArgs
-from radixlm.runtime.stop_match import complete_len
 
 logger = logging.getLogger(__name__)
 
@@ -101,8 +101,8 @@ def _stop_prefix_len(text: str, stops: list[str]) -> int:
 
 
 def run_detokenizer_process(args: ServerArgs, ports: PortArgs, pipe: Any) -> None:
-    from radixlm.runtime.process_utils import configure_child_process
-    from radixlm.runtime.tokenizer import load_server_tokenizer
+    from radixlm.runtime.frontend.tokenizer import load_server_tokenizer
+    from radixlm.runtime.processes.process_utils import configure_child_process
 
     configure_child_process("detokenizer", args.log_level)
     try:

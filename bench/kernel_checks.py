@@ -1,7 +1,7 @@
 """The `check` section of `radixlm bench kernels`: every kernel against its torch reference at
 Llama-3-8B shapes (32 heads, 8 kv heads, head_dim 128; bf16, fp16, fp32), incl. 32k contexts and
 a CUDA-graph replay of decode attention; each row is a max abs error against a tolerance.
-`--tiny` shapes run on CPU in Triton's interpreter (`bench_kernels.main` sets it up first).
+`--tiny` shapes run on CPU in Triton's interpreter (`bench.kernels.main` sets it up first).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from radixlm.kernels.bench_kernels import Bench, Row
+from radixlm.bench.kernels import Bench, Row
 from radixlm.kernels.decode_attention_ref import decode_attention_ref
 
 

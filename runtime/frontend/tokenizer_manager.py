@@ -22,9 +22,9 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from radixlm.runtime import io
 from radixlm.runtime.constrained.llguidance_specs import check_sampling_params_llguidance
 from radixlm.runtime.constrained.patterns import check_sampling_params
+from radixlm.runtime.constrained.regex_guard import check_regex_size, check_schema_patterns
 from radixlm.runtime.errors import (
     EngineDeadError,
     InvalidRequestError,
@@ -34,8 +34,8 @@ from radixlm.runtime.errors import (
     RequestTimeoutError,
     RequestTooLongError,
 )
-from radixlm.runtime.ipc import PortArgs, TypedReceiver, send
-from radixlm.runtime.regex_guard import check_regex_size, check_schema_patterns
+from radixlm.runtime.processes import io
+from radixlm.runtime.processes.ipc import PortArgs, TypedReceiver, send
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.server_args import ServerArgs
 

@@ -1,6 +1,6 @@
 """Starting and stopping the scheduler and detokenizer processes (for `Engine` and the server).
 
-Children are fresh interpreters (`python -m radixlm.runtime.child <role>`), not multiprocessing
+Children are fresh interpreters (`python -m radixlm.runtime.processes.child <role>`), not multiprocessing
 spawns: the user's `__main__` (a script without a `__name__` guard, a notebook) is never
 re-imported. Each child reads its configuration as JSON on stdin, reports readiness as one JSON
 line on a pipe, and is terminated, then killed, on shutdown. Children also exit by themselves when
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixlm.runtime.errors import EngineDeadError
-from radixlm.runtime.ipc import PortArgs
+from radixlm.runtime.processes.ipc import PortArgs
 from radixlm.runtime.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ def launch_processes(
         for role in ROLES:
             read_fd, write_fd = os.pipe()
             proc = subprocess.Popen(
-                [sys.executable, "-m", "radixlm.runtime.child", role, str(write_fd)],
+                [sys.executable, "-m", "radixlm.runtime.processes.child", role, str(write_fd)],
                 env=child_env(),
                 stdin=subprocess.PIPE,
                 pass_fds=(write_fd,),

@@ -1,4 +1,4 @@
-"""Speed sections of `radixlm bench kernels` (CUDA only); see `bench_kernels` for the CLI.
+"""Speed sections of `radixlm bench kernels` (CUDA only); see `bench.kernels` for the CLI.
 
 Inputs are built directly on the GPU (random pool, shuffled page-size-1 slots) so that 32k-token
 contexts at batch 64 (8.6 GB of bf16 KV) take no host time.
@@ -12,7 +12,7 @@ from functools import partial
 
 import torch
 
-from radixlm.kernels.bench_kernels import Bench, Row, time_graph_ms, time_graph_stream_ms, time_ms
+from radixlm.bench.kernels import Bench, Row, time_graph_ms, time_graph_stream_ms, time_ms
 
 H, KVH, D = 32, 8, 128  # Llama-3-8B attention shapes
 DT = torch.bfloat16

@@ -22,7 +22,7 @@ import torch
 
 from radixlm.kernels.decode_inputs import DECODE_INPUT_ROWS
 from radixlm.runtime.attention.base import AttentionBackend
-from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
+from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
 
 logger = logging.getLogger(__name__)
 

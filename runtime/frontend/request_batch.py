@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixlm.runtime.errors import InvalidRequestError
-from radixlm.runtime.tokenizer_manager import GenerateInput, TokenizerManager
+from radixlm.runtime.frontend.tokenizer_manager import GenerateInput, TokenizerManager
 
 MAX_N = 128
 

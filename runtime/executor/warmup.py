@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
+from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
 
 if TYPE_CHECKING:
-    from radixlm.runtime.model_runner import ModelRunner
+    from radixlm.runtime.executor.model_runner import ModelRunner
 
 
 class ExtendShape(NamedTuple):

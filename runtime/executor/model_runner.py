@@ -16,7 +16,7 @@ import torch
 from radixlm.kernels.decode_inputs import DECODE_INPUT_ROWS
 from radixlm.runtime.attention.base import AttentionBackend, layer_attention
 from radixlm.runtime.errors import InvalidRequestError
-from radixlm.runtime.forward_batch import ForwardBatch
+from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.mem.kv_pool import KVPool, ReqToTokenPool
 from radixlm.runtime.models.fp8 import finish_fp8_checkpoint
 from radixlm.runtime.models.llama import Linear, LlamaForCausalLM
@@ -121,7 +121,7 @@ class ModelRunner:
             select_moe_kernel_configs(self.model, self.dtype)  # no-op without MoE layers
         self.graphs = None
         if self.device.type == "cuda" and not args.disable_cuda_graph:
-            from radixlm.runtime.cuda_graph_runner import CudaGraphRunner
+            from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 
             max_bs = min(args.cuda_graph_max_bs or 256, self.max_running)
             self.graphs = CudaGraphRunner(self.model, self.attn, max_bs, self.device)
@@ -252,8 +252,8 @@ class ModelRunner:
         return backend
 
     def _warm_extend(self) -> None:
-        """Compile the extend path's kernels now, not on the first request (runtime/warmup.py)."""
-        from radixlm.runtime.warmup import extend_shapes, warm_extend
+        """Compile the extend path's kernels now, not on the first request (runtime/executor/warmup.py)."""
+        from radixlm.runtime.executor.warmup import extend_shapes, warm_extend
 
         chunk = self.args.chunked_prefill_size or 8192
         chunk = self.args.max_prefill_tokens if chunk == -1 else chunk

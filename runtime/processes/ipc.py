@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from radixlm.runtime import io
+from radixlm.runtime.processes import io
 
 
 @dataclass(frozen=True)
