@@ -1,7 +1,11 @@
 """`ModelRunner`: owns the model, the KV pool, the `req_to_token` table and the attention backend.
 
-The scheduler hands it a `ForwardBatch` and gets float32 logits for the batch's `logits_indices`
-rows; it never touches model tensors itself. One runner per scheduler process; not thread-safe.
+Built by the scheduler process (scheduler/process.py) and passed to the `Scheduler`. The
+scheduler's step path (scheduler/step.py) hands it a `ForwardBatch` and gets the final hidden
+states of the batch's `logits_indices` rows (`forward`), then float32 logits of the rows it
+samples (`compute_logits`); decode batches assemble their inputs in `decode_input_buffer`. The
+scheduler reaches the model's tensors only through these calls. One runner per scheduler process;
+not thread-safe.
 """
 
 from __future__ import annotations

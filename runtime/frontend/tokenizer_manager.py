@@ -1,7 +1,8 @@
 """`TokenizerManager`: the front of the runtime, in the user's process (Engine) or the server.
 
-It validates and tokenizes requests, sends them to the scheduler, and turns the detokenizer's
-text deltas back into results and stream chunks.
+It validates and tokenizes each request once (`prepare`: a `GenerateInput` becomes a
+`PreparedReq`, whose typed `io.GenerateReq` is what crosses to the scheduler), sends it
+(`submit`), and turns the detokenizer's text deltas back into results and stream chunks.
 
 Threading: every method runs on one asyncio event loop (the Engine's background loop thread, or
 the server's uvicorn loop); nothing here is thread-safe. Ownership: a `ReqState` exists from
@@ -17,8 +18,9 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
+import msgspec
 import zmq
 import zmq.asyncio
 
@@ -86,6 +88,14 @@ class GenerateInput:
     stream: bool = False
 
 
+class PreparedReq(NamedTuple):
+    """A request validated and tokenized once: the message for the scheduler (its rid set) and
+    the front end's own option. Built by `TokenizerManager.prepare`, run by `submit`."""
+
+    msg: io.GenerateReq
+    return_text_in_logprobs: bool = False
+
+
 class TokenizerManager:
     def __init__(
         self,
@@ -139,7 +149,9 @@ class TokenizerManager:
         self.ctx.term()
 
     # ---- requests ------------------------------------------------------------------------------
-    def validate(self, req: GenerateInput) -> tuple[list[int], SamplingParams]:
+    def prepare(self, req: GenerateInput) -> PreparedReq:
+        """Validate and tokenize `req` (the only place a request is validated); raises a typed
+        `InvalidRequestError` naming the problem (RequestTooLongError for the length guard)."""
         if self.dead:
             raise EngineDeadError(self.dead)
         sp = SamplingParams.from_dict(req.sampling_params, self.vocab_size)
@@ -195,7 +207,19 @@ class TokenizerManager:
         top = req.top_logprobs_num
         if not isinstance(top, int) or not 0 <= top <= 64:
             raise InvalidRequestError("top_logprobs_num must be in [0, 64]", "top_logprobs_num")
-        return ids, sp
+        if req.return_logprob and lsl is None:
+            lsl = len(ids) - 1  # SGLang's default: no input logprobs beyond the last position
+        msg = io.GenerateReq(
+            rid=req.rid or uuid.uuid4().hex,
+            input_ids=ids,
+            sampling_params=sp,
+            return_logprob=bool(req.return_logprob),
+            # NOTE: int()/bool(): the wire types are strict (a True passes the checks above)
+            logprob_start_len=int(lsl) if req.return_logprob else -1,  # type: ignore[arg-type]
+            top_logprobs_num=int(top) if req.return_logprob else 0,
+            stream=bool(req.stream),
+        )
+        return PreparedReq(msg, req.return_text_in_logprobs)
 
     def check_length(self, prompt_len: int, max_new_tokens: int, prompt_field: str) -> None:
         """The length guard: prompt + max_new_tokens must fit the context length and the KV pool
@@ -220,29 +244,21 @@ class TokenizerManager:
         if limit is not None and len(self.states) + incoming > limit:
             raise QueueFullError(f"too many requests in flight (max_queued_requests={limit})")
 
-    async def generate(self, req: GenerateInput) -> AsyncIterator[dict[str, Any]]:
-        """Run one request; yields stream chunks (cumulative text), the last one final. Without
-        `stream`, yields the final result only."""
-        ids, sp = self.validate(req)
+    def generate(self, req: GenerateInput) -> AsyncIterator[dict[str, Any]]:
+        """`submit(prepare(req))`: validation errors are raised here, before anything runs."""
+        return self.submit(self.prepare(req))
+
+    async def submit(self, req: PreparedReq) -> AsyncIterator[dict[str, Any]]:
+        """Run one prepared request; yields stream chunks (cumulative text), the last one final.
+        Without `stream`, yields the final result only."""
         self.check_queue()
-        rid = req.rid or uuid.uuid4().hex
+        rid = req.msg.rid
         if rid in self.states:
             raise InvalidRequestError(f"duplicate request id {rid!r}", "rid")
-        state = ReqState(rid, ids, req.return_text_in_logprobs, stream=req.stream)
+        stream = req.msg.stream
+        state = ReqState(rid, req.msg.input_ids, req.return_text_in_logprobs, stream=stream)
         self.states[rid] = state
-        lsl = req.logprob_start_len
-        if req.return_logprob and lsl is None:
-            lsl = len(ids) - 1  # SGLang's default: no input logprobs beyond the last position
-        msg = io.GenerateReq(
-            rid=rid,
-            input_ids=ids,
-            sampling_params=sp.to_dict(),
-            return_logprob=req.return_logprob,
-            logprob_start_len=lsl if req.return_logprob else -1,
-            top_logprobs_num=req.top_logprobs_num if req.return_logprob else 0,
-            stream=req.stream,
-            arrival_time=time.time(),
-        )
+        msg = msgspec.structs.replace(req.msg, arrival_time=time.time())
         timeout = self.args.request_timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         send(self.send_sock, msg)  # type: ignore[arg-type]
@@ -266,7 +282,7 @@ class TokenizerManager:
                 if state.finished:
                     yield self._result(state)
                     return
-                if req.stream:
+                if stream:
                     yield self._result(state)
         finally:
             if not state.finished:

@@ -1,6 +1,7 @@
 """`RequestIntake`: how requests enter (and leave unstarted) the scheduler's queues.
 
-    GenerateReq -> `Req` -> `queues.waiting`, or parked with the grammar workers until its
+    GenerateReq (validated and tokenized once, by the tokenizer manager: its values are
+    trusted here) -> `Req` -> `queues.waiting`, or parked with the grammar workers until its
     constraint compiles (`poll_grammars` queues it, or ends it with the compile error);
     queued requests past `queue_timeout` are shed (429); aborts by request id.
 
@@ -19,7 +20,6 @@ import torch
 from radixlm.runtime.constrained.base import GrammarSpec
 from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.processes import io
-from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.scheduler.output import make_output
 from radixlm.runtime.scheduler.queues import ReqQueues
 from radixlm.runtime.scheduler.req import Req
@@ -34,8 +34,6 @@ class RequestIntake:
         device: torch.device,
         seed: int | None,
         queue_timeout: float | None,
-        limits: tuple[int, int, int],  # (vocab size, context length, KV pool capacity)
-        has_tokenizer: bool,
     ) -> None:
         self.queues = queues
         self.grammars = grammars
@@ -43,20 +41,15 @@ class RequestIntake:
         self.device = device
         self.rng = random.Random(seed)
         self.queue_timeout = queue_timeout
-        self.vocab_size, self.context_len, self.capacity = limits
-        self.has_tokenizer = has_tokenizer
 
     def add_request(self, msg: io.GenerateReq) -> None:
-        try:
-            sp = SamplingParams.from_dict(msg.sampling_params, self.vocab_size)
-            self.validate(msg, sp)
-        except InvalidRequestError as exc:
-            # NOTE: the tokenizer manager validates first; this is the last line of defence.
-            self.queues.emit_error(msg.rid, len(msg.input_ids), str(exc))
-            return
+        # NOTE: no validation here: TokenizerManager.prepare checked the prompt against the
+        # vocabulary, the context length and the KV pool (this scheduler's own figures, from
+        # its start-up info), and msgspec checked the message's types when it was decoded.
+        sp = msg.sampling_params
         req = Req(
             msg.rid,
-            list(msg.input_ids),
+            msg.input_ids,
             sp,
             eos_ids=self.eos_ids,
             seed=self.rng.getrandbits(63),
@@ -100,32 +93,6 @@ class RequestIntake:
                 f"(queue_timeout={limit} s): the server is overloaded, retry later"
             )
             self.queues.emit_error(req.rid, len(req.origin_input_ids), message, status_code=429)
-
-    def validate(self, msg: io.GenerateReq, sp: SamplingParams) -> None:
-        n = len(msg.input_ids)
-        if n == 0:
-            raise InvalidRequestError("the prompt is empty", "input_ids")
-        if any(not 0 <= t < self.vocab_size for t in msg.input_ids):
-            raise InvalidRequestError("input_ids holds ids outside the vocabulary", "input_ids")
-        if n + sp.max_new_tokens > self.context_len:
-            raise InvalidRequestError(
-                f"prompt ({n} tokens) + max_new_tokens ({sp.max_new_tokens}) exceeds the context "
-                f"length {self.context_len}",
-                "max_new_tokens",
-            )
-        if n + sp.max_new_tokens > self.capacity:
-            raise InvalidRequestError(
-                f"prompt + max_new_tokens ({n + sp.max_new_tokens}) exceeds the KV pool "
-                f"({self.capacity} tokens)",
-                "max_new_tokens",
-            )
-        if sp.stop and not self.has_tokenizer:
-            raise InvalidRequestError("stop strings need a tokenizer (skip_tokenizer_init)", "stop")
-        if sp.stop_regex and not self.has_tokenizer:
-            raise InvalidRequestError(
-                "stop_regex needs a tokenizer (skip_tokenizer_init)", "stop_regex"
-            )
-        # NOTE: constraints are checked (again) and compiled by the grammar workers.
 
     def abort(self, rid: str) -> None:
         queues = self.queues

@@ -85,10 +85,8 @@ class Scheduler:
         )  # NOTE: on CPU the forward is synchronous: launching ahead only delays each token
         self.overlap = OverlapDecode(overlap, self.step, self.results, self.queues, transfer,
                                      self.context_len, self.stats)  # fmt: skip
-        limits = (self.config.vocab_size, self.context_len, self.allocator.capacity)
         self.intake = RequestIntake(self.queues, self.grammars, self.eos_ids, self.device,
-                                    args.random_seed, args.queue_timeout, limits,
-                                    tokenizer is not None)  # fmt: skip
+                                    args.random_seed, args.queue_timeout)  # fmt: skip
         self.info = SchedulerInfo(runner, self.step, self.queues, self.grammars, self.ratio,
                                   self.stats, lambda: self.idle, self.chunk_size,
                                   self.eos_ids)  # fmt: skip

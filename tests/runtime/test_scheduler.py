@@ -14,6 +14,7 @@ import pytest
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.models.loader import resolve_model
 from radixlm.runtime.processes import io
+from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.scheduler.scheduler import Scheduler
 from radixlm.runtime.server_args import ServerArgs
 
@@ -29,7 +30,8 @@ def make_scheduler(**kwargs: Any) -> Scheduler:
 
 
 def gen(rid: str, ids: list[int], stream: bool = False, **params: Any) -> io.GenerateReq:
-    sp = {"temperature": 0.0, "ignore_eos": True, **params}
+    """The message the tokenizer manager sends (the scheduler trusts it: validated there)."""
+    sp = SamplingParams.from_dict({"temperature": 0.0, "ignore_eos": True, **params}, 512)
     return io.GenerateReq(rid=rid, input_ids=ids, sampling_params=sp, stream=stream)
 
 
@@ -209,7 +211,7 @@ def test_chunked_prefill_gives_the_unchunked_tokens_and_logprobs():
         s.handle(
             io.GenerateReq(
                 rid="c", input_ids=long, return_logprob=True, logprob_start_len=0,
-                sampling_params={"temperature": 0.0, "max_new_tokens": 6, "ignore_eos": True},
+                sampling_params=gen("c", long, max_new_tokens=6).sampling_params,
             )
         )  # fmt: skip
         results[chunk] = (run_all(s)["c"], s.stats["extend_iterations"])
@@ -221,3 +223,23 @@ def test_chunked_prefill_gives_the_unchunked_tokens_and_logprobs():
     assert len(chunked.input_logprobs) == len(long) and chunked.input_logprobs[0] is None
     for a, b in zip(whole.input_logprobs[1:], chunked.input_logprobs[1:]):
         assert abs(a - b) <= 1e-4
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"max_new_tokens": 4.0, "top_k": 5.0, "seed": 7.0, "temperature": 1, "top_p": 1},
+        {"logit_bias": {5: 2, "7": -1.5}, "stop_token_ids": 3, "stream_interval": 1.0},
+        {"stop": "x", "stop_regex": "a+", "min_new_tokens": 1, "n": 2.0, "sampling_seed": 3},
+        {"regex": "[ab]+", "think_end_ids": [4], "frequency_penalty": 1, "min_p": 0},
+    ],
+)
+def test_validated_params_cross_the_wire_typed(params):
+    """What `SamplingParams.from_dict` accepts (ints for floats, integral floats for ints, int
+    logit_bias keys...) leaves every field of its declared type: the scheduler's strict decoder
+    takes the message as is, and the values survive the trip."""
+    sp = SamplingParams.from_dict(params, 512)
+    msg = io.GenerateReq(rid="w", input_ids=[1, 2], sampling_params=sp, return_logprob=True)
+    decoded = io.decoder(io.ToScheduler).decode(io.encode(msg))
+    assert decoded == msg
+    assert decoded.sampling_params.to_dict() == sp.to_dict()
