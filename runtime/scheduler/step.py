@@ -13,7 +13,7 @@ it ran, and otherwise only reads requests. It touches model tensors only through
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
@@ -72,10 +72,22 @@ class StepOutput(NamedTuple):
         return StepTokens(ids.tolist(), logprobs, top)
 
 
+class StepRunner(Protocol):
+    """What the step path uses of the `ModelRunner` (executor/model_runner.py)."""
+
+    device: torch.device
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor: ...
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+    def decode_input_buffer(self, bs: int) -> torch.Tensor: ...
+
+
 class ModelStep:
     def __init__(
         self,
-        runner: Any,  # executor/model_runner.py `ModelRunner` (or a test's scripted runner)
+        runner: StepRunner,
         grammars: Any,  # constrained/manager.py `GrammarManager`
         allocator: SlotAllocator,
         cache: PrefixCache,
