@@ -169,6 +169,17 @@ def test_retraction_when_the_pool_runs_out(reference):
     check_idle(s)
 
 
+def test_a_request_that_outgrows_the_pool_ends_with_length():
+    """The tokenizer manager keeps prompt + max_new_tokens within the pool; sent past that
+    guard, a lone request stops when no slot is left (nothing to retract) and frees its KV."""
+    s = make_scheduler(max_total_tokens=64)
+    s.handle(gen("big", prompt(1, 20), max_new_tokens=50))
+    out = run_all(s)["big"]
+    assert out.finish_reason == {"type": "length", "length": len(out.new_ids)}
+    assert 40 <= len(out.new_ids) < 50
+    check_idle(s)
+
+
 def test_abort_waiting_and_running():
     s = make_scheduler(max_running_requests=1)
     s.handle(gen("run", prompt(1, 20), max_new_tokens=50, stream=True))
