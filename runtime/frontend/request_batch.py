@@ -28,7 +28,8 @@ from typing import Any
 import msgspec
 
 from radixlm.runtime.errors import InvalidRequestError
-from radixlm.runtime.frontend.tokenizer_manager import GenerateInput, PreparedReq, TokenizerManager
+from radixlm.runtime.frontend.prepare import GenerateInput, PreparedReq
+from radixlm.runtime.frontend.tokenizer_manager import TokenizerManager
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 
 MAX_N = 128
