@@ -83,11 +83,8 @@ class Scheduler(RequestIntake, OverlapDecode, SchedulerInfo):
         self.allocator = self.runner.kv_pool.allocator
         self.context_len = self.runner.context_len
         self.max_running = self.runner.max_running
-        self.chunk_size = args.chunked_prefill_size
-        if self.chunk_size is None:
-            self.chunk_size = 8192 if self.device.type == "cuda" else 2048
-        elif self.chunk_size == -1:
-            self.chunk_size = None
+        chunk = args.resolved().chunked_prefill_size  # NOTE: -1 disables chunked prefill
+        self.chunk_size = None if chunk == -1 else chunk
         self.rng = random.Random(args.random_seed)
         self.waiting: list[Req] = []
         self.running: list[Req] = []
