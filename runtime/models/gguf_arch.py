@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from radixlm.runtime.models.config import ModelConfig
-from radixlm.runtime.models.gguf_file import GGUFFile
+from radixlm.runtime.models.gguf_file import GGUFFile, unpermute_rows
 from radixlm.runtime.models.registry import ARCHITECTURES, arch_from_gguf
 
 _COMMON = {
@@ -162,8 +162,6 @@ def iter_gguf_arch(gguf: GGUFFile, cfg: ModelConfig) -> Iterator[tuple[str, torc
                 for e in range(data.shape[0]):
                     yield f"{prefix}mlp.experts.{e}.{_EXPERTS[part]}.{kind}", data[e]
             elif permute and part in ("attn_q", "attn_k") and kind == "weight":
-                from radixlm.runtime.models.loader import unpermute_rows
-
                 heads = cfg.num_attention_heads if part == "attn_q" else cfg.num_key_value_heads
                 yield f"{prefix}{names[part]}.{kind}", unpermute_rows(data, heads)
             elif phi3 and part == "ffn_up":  # gate and up fused

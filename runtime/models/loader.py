@@ -14,7 +14,7 @@ import torch
 
 from radixlm.runtime.models.config import ModelConfig
 from radixlm.runtime.models.default_model import ModelNotFoundError, default_model_path
-from radixlm.runtime.models.gguf_file import GGUFFile
+from radixlm.runtime.models.gguf_file import GGUFFile, unpermute_rows
 from radixlm.runtime.models.hf_cache import is_repo_id, local_model_path
 from radixlm.runtime.models.presets import PRESETS
 
@@ -148,12 +148,6 @@ def _iter_gguf(gguf: GGUFFile, cfg: ModelConfig) -> Iterator[tuple[str, torch.Te
             yield f"model.layers.{layer}.{_GGUF_NAMES[part]}.{kind}", data
         else:
             raise KeyError(f"unexpected GGUF tensor {name!r}")
-
-
-def unpermute_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
-    """Undo llama.cpp's q/k row interleave (any trailing shape: values or GGUF block rows)."""
-    rows = w.shape[0]
-    return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
 # ---- safetensors / dummy -------------------------------------------------------------------------

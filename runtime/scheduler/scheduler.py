@@ -63,11 +63,8 @@ class Scheduler:
         )
         self.context_len = runner.context_len
         self.max_running = runner.max_running
-        self.chunk_size = args.chunked_prefill_size
-        if self.chunk_size is None:
-            self.chunk_size = 8192 if self.device.type == "cuda" else 2048
-        elif self.chunk_size == -1:
-            self.chunk_size = None
+        chunk = args.resolved().chunked_prefill_size  # NOTE: -1 disables chunked prefill
+        self.chunk_size = None if chunk == -1 else chunk
         # Constrained decoding: compiles off this thread; requests wait in `grammars.pending`.
         self.grammars = make_grammar_manager(args, tokenizer, self.config.vocab_size,
                                              self.eos_ids, self.device)  # fmt: skip

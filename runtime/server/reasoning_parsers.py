@@ -1,5 +1,5 @@
 """Reasoning parsers (`--reasoning-parser`, SGLang's names): split a reasoning model's
-`<think>...</think>` section from its answer (the split itself: lang/reasoning.py).
+`<think>...</think>` section from its answer (the split itself: formats/reasoning.py).
 
     qwen3        Qwen3: the output may open with `<think>`; reasoning runs to `</think>`. An output
                  without `<think>` is all answer (thinking disabled in the template).
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from radixlm.lang.reasoning import END_THINK, MODEL_TYPES, THINK, Split, split_reasoning
+from radixlm.formats.reasoning import END_THINK, MODEL_TYPES, THINK, Split, split_reasoning
 
 
 @dataclass(frozen=True)
