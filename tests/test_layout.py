@@ -35,7 +35,8 @@ def _modules() -> dict[str, Path]:
     mods = {}
     for path in ROOT.rglob("*.py"):
         rel = path.relative_to(ROOT)
-        if rel.parts[0] in SKIP or rel.parts[0].endswith(".egg-info"):
+        top = rel.parts[0]
+        if top in SKIP or top.startswith(".") or top.endswith(".egg-info"):  # hidden: not shipped
             continue
         parts = list(rel.with_suffix("").parts)
         if parts[-1] == "__init__":
