@@ -44,6 +44,22 @@ TINY: dict[str, dict[str, Any]] = {
         "mlp_only_layers": [1],  # one dense layer among sparse ones
         "decoder_sparse_step": 1,
     },
+    "qwen2_moe": {
+        **_BASE,
+        "model_type": "qwen2_moe",
+        "architectures": ["Qwen2MoeForCausalLM"],
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 48,
+        "norm_topk_prob": False,
+        "mlp_only_layers": [3],
+        "decoder_sparse_step": 1,
+        "qkv_bias": True,
+        "use_sliding_window": True,
+        "sliding_window": WINDOW,
+        "max_window_layers": 3,  # transformers' rule: layers 0 and 2 windowed
+    },
     "mixtral": {
         **_BASE,
         "model_type": "mixtral",

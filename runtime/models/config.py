@@ -51,6 +51,7 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = True  # renormalise the top-k routing weights to sum to 1
     moe_layers: tuple[bool, ...] = ()  # per layer: sparse MLP (True) or dense
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's sigmoid-gated shared expert
     hf_config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -109,7 +110,7 @@ class ModelConfig:
             tie_word_embeddings=bool(
                 cfg.get("tie_word_embeddings", model_type.startswith("gemma"))
             ),
-            attention_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
+            attention_bias=_attention_bias(cfg, arch),
             sliding_window=window,
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=eos_ids,
@@ -126,8 +127,9 @@ class ModelConfig:
             moe_intermediate_size=int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"])
             if experts
             else 0,
-            norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+            norm_topk_prob=bool(cfg.get("norm_topk_prob", model_type != "qwen2_moe")),
             moe_layers=_moe_layers(cfg, layers) if experts else (),
+            shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
             hf_config=dict(cfg),
         )
 
@@ -166,6 +168,16 @@ class ModelConfig:
         return out
 
 
+def _attention_bias(cfg: dict[str, Any], arch: str) -> bool:
+    """Qwen2 always has a qkv bias, Qwen2-MoE unless `qkv_bias` is false, others by
+    `attention_bias`."""
+    if arch == "Qwen2ForCausalLM":
+        return True
+    if arch == "Qwen2MoeForCausalLM":
+        return bool(cfg.get("qkv_bias", True))
+    return bool(cfg.get("attention_bias", False))
+
+
 def _opt_float(value: Any) -> float | None:
     return None if value is None else float(value)
 
@@ -195,7 +207,8 @@ def _layer_windows(
 ) -> tuple[int | None, ...]:
     """Per-layer sliding windows from `layer_types` (transformers >= 4.5x), else each
     architecture's rule: Gemma 2 alternates (even layers windowed), Gemma 3 windows all but every
-    `sliding_window_pattern`-th layer, Qwen windows layers >= `max_window_layers`, Mistral /
+    `sliding_window_pattern`-th layer, Qwen windows layers >= `max_window_layers` (Qwen2-MoE:
+    the even layers below it), Mistral /
     Mixtral / Phi-3 every layer."""
     if window is None:
         return ()
@@ -207,6 +220,9 @@ def _layer_windows(
     elif model_type.startswith("gemma3"):
         pattern = int(cfg.get("sliding_window_pattern", 6))
         sliding = [(i + 1) % pattern != 0 for i in range(layers)]
+    elif model_type == "qwen2_moe":  # transformers' rule: even layers below max_window_layers
+        last = int(cfg.get("max_window_layers", 0))
+        sliding = [i % 2 == 0 and i < last for i in range(layers)]
     elif model_type.startswith("qwen"):
         first = int(cfg.get("max_window_layers", 0))
         sliding = [i >= first for i in range(layers)]

@@ -4,7 +4,8 @@
 Metadata (`{arch}.` prefix): block_count, embedding_length, feed_forward_length,
 attention.head_count(_kv), attention.key_length, attention.layer_norm_rms_epsilon,
 rope.freq_base, context_length; MoE: expert_count, expert_used_count,
-expert_feed_forward_length, expert_weights_norm; windows: attention.sliding_window,
+expert_feed_forward_length, expert_weights_norm (default: on, off for qwen2moe as in llama.cpp),
+expert_shared_feed_forward_length (Qwen2-MoE's shared expert); windows: attention.sliding_window,
 attention.sliding_window_pattern (an int period or one bool per layer), rope.freq_base_swa;
 Gemma 2: attn_logit_softcapping, final_logit_softcapping; rope.scaling.{type,factor,
 original_context_length,attn_factor}; Phi-3's LongRoPE factors are the tensors
@@ -12,7 +13,8 @@ original_context_length,attn_factor}; Phi-3's LongRoPE factors are the tensors
 Mixtral comes as `general.architecture = llama` with `llama.expert_count` (and llama's q/k rows
 interleaved for its rotary layout, undone here as for Llama).
 Tensors: llama.cpp stores Gemma's norms as `1 + w` (its converter adds 1): they are read back as w;
-experts as 3-D `ffn_{gate,up,down}_exps` `[E, rows, cols]`, yielded per expert; Phi-3's fused
+experts as 3-D `ffn_{gate,up,down}_exps` `[E, rows, cols]`, yielded per expert (Qwen2-MoE's shared
+expert: `ffn_{gate,up,down}_shexp`, its gate `ffn_gate_inp_shexp`); Phi-3's fused
 `attn_qkv` and `ffn_up` (gate and up) as they are.
 # NOTE: llama.cpp scales Gemma's queries by 1/sqrt(head_dim), except for the 27B models
 # (Gemma 2: 46 layers, Gemma 3: 62 layers), whose `query_pre_attn_scalar` is hidden / heads; no
@@ -44,6 +46,10 @@ _COMMON = {
     "ffn_down": "mlp.down_proj",
     "ffn_norm": "post_attention_layernorm",
     "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",  # Qwen2-MoE's shared expert
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
 _GEMMA = {
     **_COMMON,
@@ -93,8 +99,12 @@ def gguf_arch_config(gguf: GGUFFile) -> ModelConfig:
             moe_intermediate_size=int(
                 get("expert_feed_forward_length") or get("feed_forward_length")
             ),
-            norm_topk_prob=bool(get("expert_weights_norm", True)),
+            # NOTE: llama.cpp never renormalises qwen2moe's top-k weights (nor do its checkpoints)
+            norm_topk_prob=bool(get("expert_weights_norm", arch != "qwen2moe")),
         )
+        if get("expert_shared_feed_forward_length"):  # Qwen2-MoE
+            cfg["shared_expert_intermediate_size"] = int(get("expert_shared_feed_forward_length"))
+            cfg["qkv_bias"] = "blk.0.attn_q.bias" in gguf.tensors
         cfg["intermediate_size"] = cfg["intermediate_size"] or cfg["moe_intermediate_size"]
     window = get("attention.sliding_window")
     if window:
@@ -166,6 +176,8 @@ def iter_gguf_arch(gguf: GGUFFile, cfg: ModelConfig) -> Iterator[tuple[str, torc
 
                 heads = cfg.num_attention_heads if part == "attn_q" else cfg.num_key_value_heads
                 yield f"{prefix}{names[part]}.{kind}", unpermute_rows(data, heads)
+            elif part == "ffn_gate_inp_shexp":  # [hidden] or [1, hidden] in llama.cpp's files
+                yield f"{prefix}{names[part]}.{kind}", data.reshape(1, -1)
             elif phi3 and part == "ffn_up":  # gate and up fused
                 yield f"{prefix}mlp.gate_up_proj.{kind}", data
             else:

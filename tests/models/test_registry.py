@@ -58,3 +58,21 @@ def test_engine_refuses_an_unsupported_checkpoint_at_start(tmp_path) -> None:
     (tmp_path / "model.safetensors").write_bytes(b"")
     with pytest.raises(Exception, match=r"BloomForCausalLM.*supported: .*Qwen3ForCausalLM"):
         Engine(model_path=str(tmp_path), load_format="dummy", skip_tokenizer_init=True)
+
+
+def test_qwen2_moe_windows_without_layer_types_follow_transformers() -> None:
+    """A Qwen2-MoE config.json without `layer_types` windows the layers transformers does (the
+    even ones below `max_window_layers`), not Qwen2's rule (the ones from it on)."""
+    from transformers import Qwen2MoeConfig
+
+    raw = {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 5}
+    shape = {"num_hidden_layers": 7, "hidden_size": 64, "num_attention_heads": 4}
+    shape.update(vocab_size=256, intermediate_size=96, num_experts=4, num_experts_per_tok=2)
+    hf_types = Qwen2MoeConfig(**raw, **shape).layer_types
+    ours = ModelConfig.from_hf_dict(
+        {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", **raw, **shape}
+    )
+    assert [w is not None for w in ours.layer_windows] == [
+        t == "sliding_attention" for t in hf_types
+    ]
+    assert ours.attention_bias and not ours.norm_topk_prob  # Qwen2-MoE's defaults
