@@ -107,6 +107,21 @@ TINY: dict[str, dict[str, Any]] = {
         },
         "sliding_window": None,
     },
+    # Phi-4-mini: partial rotary (its 96 of 128 dims; here 12 of 16), LongRoPE over those dims
+    "phi4_mini": {
+        **_BASE,
+        "model_type": "phi3",
+        "architectures": ["Phi3ForCausalLM"],
+        "partial_rotary_factor": 0.75,
+        "original_max_position_embeddings": 64,
+        "rope_scaling": {
+            "type": "longrope",
+            "short_factor": [1.0 + 0.1 * i for i in range(6)],
+            "long_factor": [1.5 + 0.25 * i for i in range(6)],
+        },
+        "sliding_window": None,
+        "tie_word_embeddings": True,
+    },
 }
 
 

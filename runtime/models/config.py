@@ -45,6 +45,8 @@ class ModelConfig:
     final_logit_softcap: float | None = None
     attn_scale: float | None = None  # None: head_dim ** -0.5 (Gemma: query_pre_attn_scalar)
     rope_local_theta: float | None = None  # rotary base of windowed layers (Gemma 3)
+    # the fraction of each head's dims that rotate (the first ones; Phi-4-mini: 0.75)
+    partial_rotary_factor: float = 1.0
     hidden_act: str = "silu"
     num_experts: int = 0  # mixture-of-experts MLP when > 0
     num_experts_per_tok: int = 0
@@ -65,6 +67,11 @@ class ModelConfig:
     @property
     def kv_size(self) -> int:
         return self.num_key_value_heads * self.head_dim
+
+    @property
+    def rotary_dim(self) -> int:
+        """Dims of each head the rotary embedding rotates (the first ones; the rest pass)."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
@@ -87,13 +94,13 @@ class ModelConfig:
             )
             if kind not in allowed:
                 raise UnsupportedModelError(f"unsupported rope_scaling type {kind!r}")
-        if float(cfg.get("partial_rotary_factor") or 1.0) != 1.0:
-            raise UnsupportedModelError("partial rotary embeddings are not supported")
         window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
         window = int(window) if window else None
         dtype = cfg.get("torch_dtype") or cfg.get("dtype") or "float32"
         scalar = cfg.get("query_pre_attn_scalar") if model_type.startswith("gemma") else None
         experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+        head_dim = int(cfg.get("head_dim") or hidden // heads)
+        partial = _partial_rotary_factor(cfg, head_dim)
         return cls(
             architecture=arch,
             vocab_size=int(cfg["vocab_size"]),
@@ -102,7 +109,7 @@ class ModelConfig:
             num_hidden_layers=layers,
             num_attention_heads=heads,
             num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            head_dim=head_dim,
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=float(rope_theta if rope_theta is not None else 10000.0),
             rope_scaling=rope_scaling,
@@ -121,6 +128,7 @@ class ModelConfig:
             final_logit_softcap=_opt_float(cfg.get("final_logit_softcapping")),
             attn_scale=None if scalar is None else float(scalar) ** -0.5,
             rope_local_theta=local_theta,
+            partial_rotary_factor=partial,
             hidden_act=str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"),
             num_experts=experts,
             num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
@@ -176,6 +184,21 @@ def _attention_bias(cfg: dict[str, Any], arch: str) -> bool:
     if arch == "Qwen2MoeForCausalLM":
         return bool(cfg.get("qkv_bias", True))
     return bool(cfg.get("attention_bias", False))
+
+
+def _partial_rotary_factor(cfg: dict[str, Any], head_dim: int) -> float:
+    """`partial_rotary_factor` (top level, or in transformers 5's `rope_parameters`); its rotary
+    dims must be a positive even number."""
+    params = cfg.get("rope_parameters")
+    nested = params.get("partial_rotary_factor") if isinstance(params, dict) else None
+    factor = float(cfg.get("partial_rotary_factor") or nested or 1.0)
+    rot = int(head_dim * factor)
+    if not 0.0 < factor <= 1.0 or rot <= 0 or rot % 2:
+        raise UnsupportedModelError(
+            f"partial_rotary_factor={factor} gives {rot} rotary dims of head_dim {head_dim}: "
+            "a positive even number is required"
+        )
+    return factor
 
 
 def _opt_float(value: Any) -> float | None:

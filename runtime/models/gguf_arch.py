@@ -3,7 +3,8 @@
 
 Metadata (`{arch}.` prefix): block_count, embedding_length, feed_forward_length,
 attention.head_count(_kv), attention.key_length, attention.layer_norm_rms_epsilon,
-rope.freq_base, context_length; MoE: expert_count, expert_used_count,
+rope.freq_base, rope.dimension_count (rotary dims below head_dim: partial rotary, Phi-4-mini),
+context_length; MoE: expert_count, expert_used_count,
 expert_feed_forward_length, expert_weights_norm (default: on, off for qwen2moe as in llama.cpp),
 expert_shared_feed_forward_length (Qwen2-MoE's shared expert); windows: attention.sliding_window,
 attention.sliding_window_pattern (an int period or one bool per layer), rope.freq_base_swa;
@@ -118,6 +119,13 @@ def gguf_arch_config(gguf: GGUFFile) -> ModelConfig:
         cfg["final_logit_softcapping"] = get("final_logit_softcapping")
         if arch == "gemma3":
             cfg["rope_local_base_freq"] = float(get("rope.freq_base_swa", 10000.0))
+    rot = get("rope.dimension_count")
+    if rot and int(rot) < head_dim:  # partial rotary embeddings (Phi-4-mini)
+        factor = int(rot) / head_dim
+        # NOTE: int(head_dim * factor) must give rot back (a float product may land just below)
+        cfg["partial_rotary_factor"] = (
+            factor if int(head_dim * factor) == int(rot) else ((int(rot) + 0.5) / head_dim)
+        )
     kind = get("rope.scaling.type")
     if kind == "linear":
         cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(get("rope.scaling.factor"))}

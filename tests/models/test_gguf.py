@@ -24,6 +24,7 @@ ARCH = {
     "gemma2": gguf.MODEL_ARCH.GEMMA2,
     "gemma3": gguf.MODEL_ARCH.GEMMA3,
     "phi3": gguf.MODEL_ARCH.PHI3,
+    "phi4_mini": gguf.MODEL_ARCH.PHI3,  # partial rotary: rope.dimension_count < head_dim
     "mixtral": gguf.MODEL_ARCH.LLAMA,  # llama.cpp: a llama with experts
 }
 
@@ -80,7 +81,8 @@ def _write_gguf(model, name: str, path: str) -> None:
         w.add_final_logit_softcapping(cfg.final_logit_softcapping)
     if name == "gemma3":
         w.add_rope_freq_base_swa(cfg.rope_parameters["sliding_attention"]["rope_theta"])
-    if name == "phi3":
+    if name.startswith("phi"):
+        w.add_rope_dimension_count(int(cfg.head_dim * rope.get("partial_rotary_factor", 1.0)))
         w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
         w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], np.float32))
         w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], np.float32))

@@ -76,3 +76,19 @@ def test_qwen2_moe_windows_without_layer_types_follow_transformers() -> None:
         t == "sliding_attention" for t in hf_types
     ]
     assert ours.attention_bias and not ours.norm_topk_prob  # Qwen2-MoE's defaults
+
+
+def test_partial_rotary_factor_from_either_place_and_odd_dims_refused() -> None:
+    """`partial_rotary_factor` at the top level (transformers 4) or in `rope_parameters`
+    (transformers 5) sets the rotary dims; a factor giving an odd or empty rotary part fails at
+    start-up naming it."""
+    base = {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "vocab_size": 256}
+    base.update(hidden_size=512, num_attention_heads=4, intermediate_size=96, num_hidden_layers=1)
+    top = ModelConfig.from_hf_dict({**base, "partial_rotary_factor": 0.75})
+    nested = ModelConfig.from_hf_dict(
+        {**base, "rope_parameters": {"rope_theta": 1e4, "partial_rotary_factor": 0.75}}
+    )
+    assert top.rotary_dim == nested.rotary_dim == 96 and top.head_dim == 128
+    assert ModelConfig.from_hf_dict(base).rotary_dim == 128
+    with pytest.raises(UnsupportedModelError, match="partial_rotary_factor"):
+        ModelConfig.from_hf_dict({**base, "partial_rotary_factor": 0.7})  # 89.6 -> 89 dims
