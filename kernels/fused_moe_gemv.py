@@ -35,12 +35,15 @@ class MoEGemvConfig(NamedTuple):
 
 
 # Candidates timed at start-up for the small-T buckets (GPU); small BLOCK_N = many programs, as the
-# dense GEMV (kernels/gemv.py) found best for decode-sized reads.
+# dense GEMV (kernels/gemv.py) found best for decode-sized reads. On an H200 (2026-12-02, Qwen3-30B-A3B
+# experts, bf16, CUDA-graph replay, weights cold) (2, 1024, 4) was the best at T = 1 and 2, and
+# (16, 256, 8) at T = 4 to 16.
 GEMV_CANDIDATES = (
-    MoEGemvConfig(4, 512, 4),
-    MoEGemvConfig(8, 256, 4),
     MoEGemvConfig(2, 1024, 4),
     MoEGemvConfig(16, 256, 8),
+    MoEGemvConfig(4, 512, 4),
+    MoEGemvConfig(1, 1024, 4),
+    MoEGemvConfig(8, 256, 4),
 )
 GEMV_INTERPRET_CONFIG = MoEGemvConfig(16, 32, 4)
 GEMV_MAX_PAIRS = 128  # T * k above this: the sorted grouped GEMM only
@@ -117,7 +120,8 @@ def _moe_gemv_down_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     out_ty = Out.dtype.element_ty
     total = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for j in range(TOP_K):
+    # NOTE: unrolled, so that the k experts' independent weight loads can be in flight together
+    for j in tl.static_range(TOP_K):
         p = t * TOP_K + j
         e = tl.load(Ids + p).to(tl.int64)
         wt = tl.load(TopkWeights + p).to(tl.float32)
