@@ -210,6 +210,12 @@ def _iter_dummy(
                 yield p + f"mlp.experts.{e}.gate_proj.weight", rand(e_i, h)
                 yield p + f"mlp.experts.{e}.up_proj.weight", rand(e_i, h)
                 yield p + f"mlp.experts.{e}.down_proj.weight", rand(h, e_i)
+            if cfg.shared_expert_intermediate_size:  # Qwen2-MoE
+                s_i = cfg.shared_expert_intermediate_size
+                yield p + "mlp.shared_expert.gate_proj.weight", rand(s_i, h)
+                yield p + "mlp.shared_expert.up_proj.weight", rand(s_i, h)
+                yield p + "mlp.shared_expert.down_proj.weight", rand(h, s_i)
+                yield p + "mlp.shared_expert_gate.weight", rand(1, h)
         elif mt == "phi3":
             yield p + "mlp.gate_up_proj.weight", rand(2 * i, h)
             yield p + "mlp.down_proj.weight", rand(h, i)

@@ -25,6 +25,7 @@ ARCHITECTURES: dict[str, ArchInfo] = {
     "LlamaForCausalLM": ArchInfo("llama", "llama", "LlamaForCausalLM", "llama"),
     "MistralForCausalLM": ArchInfo("mistral", "llama", "LlamaForCausalLM", None),
     "Qwen2ForCausalLM": ArchInfo("qwen2", "llama", "LlamaForCausalLM", "qwen2"),
+    "Qwen2MoeForCausalLM": ArchInfo("qwen2_moe", "qwen2_moe", "Qwen2MoeForCausalLM", "qwen2moe"),
     "Qwen3ForCausalLM": ArchInfo("qwen3", "qwen3", "Qwen3ForCausalLM", "qwen3"),
     "Qwen3MoeForCausalLM": ArchInfo("qwen3_moe", "qwen3", "Qwen3ForCausalLM", "qwen3moe"),
     "MixtralForCausalLM": ArchInfo("mixtral", "mixtral", "MixtralForCausalLM", None),
