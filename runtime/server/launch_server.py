@@ -102,7 +102,7 @@ class Server(uvicorn.Server):
         if self.loop is None or self.signals >= 3:
             self.should_exit = self.force_exit = True
             return
-        action = self._drain if self.signals == 1 else self._abort_now
+        action = self._drain if self.signals == 1 else self._abort_on_signal
         self.loop.call_soon_threadsafe(lambda: self._spawn(action()))
 
     async def _drain(self) -> None:
@@ -115,15 +115,21 @@ class Server(uvicorn.Server):
         deadline = time.monotonic() + timeout
         while state.in_flight and time.monotonic() < deadline and not self.should_exit:
             await asyncio.sleep(0.05)
-        await self._abort_now()
+        await self._abort_now(ABORT_GRACE_S)
 
-    async def _abort_now(self) -> None:
+    async def _abort_on_signal(self) -> None:
+        # NOTE: the second signal aborts at once, then waits for the aborted requests' final
+        # chunks up to --shutdown-timeout: a scheduler that cannot answer (hung) holds them, and
+        # the third signal exits without waiting.
+        await self._abort_now(max(ABORT_GRACE_S, self.state.args.shutdown_timeout))
+
+    async def _abort_now(self, grace: float) -> None:
         state = self.state
         if state.in_flight and state.tm is not None and not state.tm.dead:
             logger.warning("aborting %d request(s) still in flight", state.in_flight)
             state.tm.abort("")
-            deadline = time.monotonic() + ABORT_GRACE_S
-            while state.in_flight and time.monotonic() < deadline:
+            deadline = time.monotonic() + grace
+            while state.in_flight and time.monotonic() < deadline and not self.should_exit:
                 await asyncio.sleep(0.05)
         self.should_exit = True
 

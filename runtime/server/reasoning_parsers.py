@@ -31,21 +31,14 @@ class ReasoningParser:
     def grammar_params(self, tokenizer: Any) -> dict[str, list[int]]:
         """Sampling params that make a constraint start after the reasoning
         (constrained/reasoning.py): the `</think>` ids, and `<think>`'s unless the output starts
-        inside the reasoning. {} (the constraint covers the whole output) for qwen3 when
-        `<think>` is not a single token."""
+        inside the reasoning. Markers of several ordinary tokens are matched on their text."""
 
         def ids(tag: str) -> list[int]:
             return list(tokenizer.encode(tag, add_special_tokens=False))
 
         params = {"think_end_ids": ids(END_THINK)}
         if not self.starts_inside:
-            start = ids(THINK)
-            # NOTE: an opening offered as its first piece (`<`) would also catch other text that
-            # starts the same way (`<tool_call>`) and leave it unconstrained. Reasoning models
-            # have `<think>` as one special token.
-            if len(start) != 1:
-                return {}
-            params["think_start_ids"] = start
+            params["think_start_ids"] = ids(THINK)
         return params
 
 
