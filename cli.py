@@ -1,4 +1,4 @@
-"""`radixlm` command line: `demo`, `serve`, `bench <workload>`.
+"""`radixlm` command line: `demo`, `serve`, `router`, `bench <workload>`.
 
 Every subcommand imports its implementation lazily, so `radixlm --help` is instant.
 """
@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser(
         "serve", help="start the HTTP server (native + OpenAI-compatible API)", add_help=False
     )
+    sub.add_parser(
+        "router", help="cache-aware router in front of `radixlm serve` workers", add_help=False
+    )
     bench = sub.add_parser("bench", help="benchmarks (radixlm vs its peer, side by side)")
     bench.add_argument(
         "workload",
@@ -60,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     handlers: dict[str, Callable[[list[str]], int]] = {
         "demo": _demo,
         "serve": lambda a: _run_module_main("radixlm.runtime.server.launch_server", a),
+        "router": lambda a: _run_module_main("radixlm.router.launch", a),
     }
     if command in handlers:
         return handlers[command](rest)
