@@ -106,6 +106,7 @@ def serve_dp(args: ServerArgs) -> int:
         if error:
             logger.error("%s", error)
             return 1
+        logging.getLogger("httpx").setLevel(logging.WARNING)
         router_args = RouterArgs(worker_urls=tuple(u for _, u in replicas), host=args.host,
                                  port=args.port, api_key=args.api_key, log_level=args.log_level)  # fmt: skip
         return serve_router(router_args, ready_line=READY_LINE)

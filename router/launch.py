@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from types import FrameType
 
 import uvicorn
 
@@ -21,6 +22,13 @@ from radixlm.router.config import RouterArgs
 logger = logging.getLogger("radixlm.router")
 READY_LINE = "The router is fired up and ready to route!"
 KEEP_ALIVE_S = 30  # NOTE: above httpx's 5 s pool expiry, as the server's (launch_server.py)
+
+
+class _Server(uvicorn.Server):
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # NOTE: not super(): uvicorn would re-raise the signal after serving (exit code -15)
+        self.force_exit = self.should_exit  # a second signal: stop without waiting
+        self.should_exit = True
 
 
 def serve_router(args: RouterArgs, ready_line: str = READY_LINE) -> int:
@@ -32,7 +40,7 @@ def serve_router(args: RouterArgs, ready_line: str = READY_LINE) -> int:
         log_level=args.log_level.lower(), access_log=False, timeout_keep_alive=KEEP_ALIVE_S,
         ws="none", lifespan="on", timeout_graceful_shutdown=10,
     )  # fmt: skip
-    server = uvicorn.Server(config)
+    server = _Server(config)
     handler = _ReadyLog(ready_line)
     logging.getLogger("uvicorn.error").addHandler(handler)
     try:
@@ -60,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     args = RouterArgs.from_cli(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # NOTE: one line per health check
     logger.info("routing to %d worker(s) with policy %s", len(args.worker_urls), args.policy)
     return serve_router(args)
 
