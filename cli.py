@@ -20,6 +20,10 @@ BENCHES: dict[str, tuple[str, str]] = {
         "generation programs with program-aware caching on/off vs transformers",
     ),
     "serving": ("radixlm.bench.serving", "load generator against a running server (TTFT/TPOT/ITL)"),
+    "router": (
+        "radixlm.bench.router",
+        "router policies side by side (cache-aware vs round-robin) on shared prefixes",
+    ),
     "constrained": ("radixlm.bench.constrained", "regex/JSON constrained decoding vs Outlines"),
     "kernels": (
         "radixlm.bench.kernels",
