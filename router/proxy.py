@@ -13,6 +13,7 @@ Failures (every one ends the request; nothing waits forever):
   `data: {"error": {...}}` followed by `data: [DONE]`. The request is not retried: the worker may
   already have run part of it;
 - no healthy worker: 503 `no_healthy_worker`.
+A client that disconnects closes the worker's connection too, which aborts the request there.
 
 Threading: the router's event loop only.
 """
@@ -32,10 +33,12 @@ from starlette.responses import Response, StreamingResponse
 from radixlm.router.metrics import RouterMetrics
 from radixlm.router.policy import Policy
 from radixlm.router.worker import Worker, WorkerPool
+from radixlm.runtime.server.http_utils import ClientDisconnected, run_until_disconnect
 
 logger = logging.getLogger("radixlm.router")
 T = TypeVar("T")
 WORKER_HEADER = "X-Radixlm-Worker"
+CLIENT_CLOSED = 499  # as the server answers a client gone before its answer
 _PASS_HEADERS = ("content-type", "cache-control", "retry-after", "www-authenticate")
 
 
@@ -146,7 +149,11 @@ class Router:
                     request.method, worker.url + path, content=raw, headers=headers,
                     params=request.query_params,
                 )  # fmt: skip
-                resp = await _race(self.client.send(req, stream=True), worker.gone)
+                sending = _race(self.client.send(req, stream=True), worker.gone)
+                resp = await run_until_disconnect(request, sending)
+            except ClientDisconnected:
+                worker.load -= 1
+                return Response(status_code=CLIENT_CLOSED)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 worker.load -= 1
                 self.pool.mark_down(worker, f"cannot connect: {exc}")
@@ -163,7 +170,9 @@ class Router:
                 self._relay(worker, resp), resp.status_code, headers=out_headers
             )
         try:
-            content = await _race(resp.aread(), worker.gone)
+            content = await run_until_disconnect(request, _race(resp.aread(), worker.gone))
+        except ClientDisconnected:
+            return Response(status_code=CLIENT_CLOSED)
         except (httpx.HTTPError, _WorkerLeft) as exc:
             raise self._fail(worker, exc, started=False) from exc
         finally:
