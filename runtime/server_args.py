@@ -93,6 +93,8 @@ class ServerArgs:
     max_request_body_bytes: int = 8 * 1024 * 1024
     shutdown_timeout: float = 30.0
     watchdog_timeout: float = 300.0
+    # ---- parallelism ----
+    dp_size: int = 1  # `radixlm serve`: replicas behind one endpoint and the router (router/dp.py)
 
     def __post_init__(self) -> None:
         if self.load_format not in LOAD_FORMATS:
@@ -154,6 +156,8 @@ class ServerArgs:
             )
         if self.stream_interval < 1:
             raise InvalidRequestError("stream_interval must be >= 1", "stream_interval")
+        if not isinstance(self.dp_size, int) or self.dp_size < 1:
+            raise InvalidRequestError("dp_size must be a positive integer", "dp_size")
         if not 0 < self.port < 65536:
             raise InvalidRequestError("port must be in 1..65535", "port")
 
@@ -216,6 +220,7 @@ _HELP = {
     "queue_timeout": "seconds a request may wait before it starts; after it 429 (shed)",
     "max_request_body_bytes": "larger request bodies get 413",
     "shutdown_timeout": "seconds in-flight requests get to finish on SIGTERM/SIGINT",
+    "dp_size": "replicas (each its own engine) behind one endpoint, routed cache-aware",
 }
 
 

@@ -143,6 +143,10 @@ def serve_main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError) as exc:
         parser.error(str(exc))
     configure_logging(args.log_level)
+    if args.dp_size > 1:  # replicas behind the router (router/dp.py)
+        from radixlm.router.dp import serve_dp
+
+        return serve_dp(args)
     if args.load_format != "dummy" and args.model_path and not os.path.exists(args.model_path):
         try:  # a HF repo id from the local HF cache (never downloads)
             args = resolve_cached_model(args)
