@@ -21,6 +21,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import fields
 from types import FrameType
 from typing import Any
@@ -134,8 +135,12 @@ class Server(uvicorn.Server):
         self.should_exit = True
 
 
-def serve_main(argv: list[str] | None = None) -> int:
-    """Entry point of `radixlm serve`; returns the process exit code."""
+def serve_main(
+    argv: list[str] | None = None, serve_dp: Callable[[ServerArgs], int] | None = None
+) -> int:
+    """Entry point of `radixlm serve`; returns the process exit code. `serve_dp` runs `--dp-size`
+    replicas behind the router (`radixlm.router.dp.serve_dp`; passed in by the CLI, which sits
+    above both runtime and router)."""
     parser = build_parser()
     ns = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
@@ -143,9 +148,11 @@ def serve_main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError) as exc:
         parser.error(str(exc))
     configure_logging(args.log_level)
-    if args.dp_size > 1:  # replicas behind the router (router/dp.py)
-        from radixlm.router.dp import serve_dp
-
+    if args.dp_size > 1:
+        if serve_dp is None:
+            parser.error(
+                "--dp-size > 1 runs replicas behind the router: start it with `radixlm serve`"
+            )
         return serve_dp(args)
     if args.load_format != "dummy" and args.model_path and not os.path.exists(args.model_path):
         try:  # a HF repo id from the local HF cache (never downloads)
