@@ -143,13 +143,21 @@ def expand_request(
 
 def validate(tm: TokenizerManager, batch: RequestBatch) -> RequestBatch:
     """The batch with every sub-request validated and tokenized (`prepared`), once all of them
-    are valid and fit in the queue: nothing runs before that (raises the first error)."""
+    are valid and fit in the queue: nothing runs before that (raises the first error). A
+    prompt's text is tokenized once: its other `n - 1` samples reuse the first one's ids."""
     if batch.prepared is not None:
         return batch
-    flat = batch.flat
-    prepared = tuple(tm.prepare(sub) for sub in flat)
-    tm.check_queue(len(flat))
-    return dataclasses.replace(batch, prepared=prepared)
+    prepared: list[PreparedReq] = []
+    for first, *others in batch.groups:
+        head = tm.prepare(first)
+        ids = head.msg.input_ids
+        prepared.append(head)
+        # NOTE: the samples differ from the first only in rid and seed (expand_request)
+        prepared.extend(
+            tm.prepare(dataclasses.replace(sub, text=None, input_ids=ids)) for sub in others
+        )
+    tm.check_queue(len(prepared))
+    return dataclasses.replace(batch, prepared=tuple(prepared))
 
 
 def group_results(batch: RequestBatch, flat: list[dict[str, Any]]) -> Any:

@@ -107,7 +107,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
             )
         _float(self, "temperature", lo=0.0, hi=100.0)
         _float(self, "top_p", lo=0.0, hi=1.0, lo_open=True)
-        _int(self, "top_k", lo=-1)
+        _int(self, "top_k", lo=-1, hi=2**31 - 1)  # NOTE: bounded: it crosses as an int64
         if self.top_k == 0:
             raise InvalidRequestError("top_k must be -1 (disabled) or >= 1, got 0", "top_k")
         _float(self, "min_p", lo=0.0, hi=1.0)

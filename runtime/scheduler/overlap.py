@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from radixlm.runtime.executor.forward_batch import ForwardMode
 from radixlm.runtime.executor.host_transfer import HostTransfer
 from radixlm.runtime.sampling.sampling_batch import needs_processor
@@ -76,7 +78,7 @@ class OverlapDecode:
             for r in reqs
         )
 
-    def launch(self, batch: ScheduleBatch, input_ids: Any = None) -> None:
+    def launch(self, batch: ScheduleBatch, input_ids: torch.Tensor | None = None) -> None:
         """Run a greedy decode step without reading its tokens; it stays in flight."""
         assert self.inflight is None
         self.inflight = self.step_path.run(batch, input_ids, greedy=True, to_host=True)

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.models.loader import resolve_model
 from radixlm.runtime.processes import io
@@ -254,3 +255,9 @@ def test_validated_params_cross_the_wire_typed(params):
     decoded = io.decoder(io.ToScheduler).decode(io.encode(msg))
     assert decoded == msg
     assert decoded.sampling_params.to_dict() == sp.to_dict()
+
+
+def test_params_too_large_for_the_wire_are_rejected_by_name():
+    with pytest.raises(InvalidRequestError) as exc:
+        SamplingParams.from_dict({"top_k": 1e300}, 512)
+    assert exc.value.field == "top_k"
