@@ -113,7 +113,7 @@ def _cos_sin(Cache, pos, stride_c, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr)
     return cos, tl.load(row + HALF, mask=mask_d, other=0.0).to(tl.float32)
 
 
-@jit
+@jit(do_not_specialize=("Pos", "Loc"))  # NOTE: rows of packed inputs: alignment follows the batch
 def _rope_kernel(
     Pos,
     Q,
