@@ -6,7 +6,8 @@ ready to roll!", and /health answers 200.
 Shutdown (SIGTERM or Ctrl-C): /health and new work get 503 at once, requests in flight get up to
 --shutdown-timeout seconds to finish, the rest are aborted (they end with finish_reason "abort"),
 then uvicorn stops, the TokenizerManager closes and the children are stopped; the exit code is 0.
-A second SIGINT/SIGTERM aborts everything at once; a third exits without waiting. If the scheduler
+A second SIGINT/SIGTERM aborts everything at once (and waits for the aborted requests' final
+chunks, up to --shutdown-timeout); a third exits without waiting. If the scheduler
 dies, the server keeps running and reports it: /health answers 503, requests get 503.
 
 Threading: one process, one event loop (uvicorn's, in the main thread). Signal handlers only
