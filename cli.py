@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     handlers: dict[str, Callable[[list[str]], int]] = {
         "demo": _demo,
-        "serve": lambda a: _run_module_main("radixlm.runtime.server.launch_server", a),
+        "serve": _serve,
         "router": lambda a: _run_module_main("radixlm.router.launch", a),
     }
     if command in handlers:
@@ -80,6 +80,13 @@ def main(argv: list[str] | None = None) -> int:
         return _run_module_main(BENCHES[rest[0]][0], rest[1:])
     parser.parse_args(argv)  # prints the usage error
     return 2
+
+
+def _serve(argv: list[str]) -> int:
+    from radixlm.router.dp import serve_dp
+    from radixlm.runtime.server.launch_server import serve_main
+
+    return serve_main(argv, serve_dp=serve_dp)
 
 
 def _demo(argv: list[str]) -> int:

@@ -11,6 +11,7 @@ import threading
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from radixlm.formats.reasoning import split_reasoning
 from radixlm.interpreter.spans import Span
 from radixlm.interpreter.speculative import can_speculate, consume_constant, speculative_gen
 from radixlm.lang.errors import LangError
@@ -29,7 +30,6 @@ from radixlm.lang.ir import (
     VarScopeEnd,
     walk,
 )
-from radixlm.lang.reasoning import split_reasoning
 
 if TYPE_CHECKING:
     from radixlm.interpreter.backend import Backend

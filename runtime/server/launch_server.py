@@ -21,6 +21,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import fields
 from types import FrameType
 from typing import Any
@@ -102,7 +103,7 @@ class Server(uvicorn.Server):
         if self.loop is None or self.signals >= 3:
             self.should_exit = self.force_exit = True
             return
-        action = self._drain if self.signals == 1 else self._abort_now
+        action = self._drain if self.signals == 1 else self._abort_on_signal
         self.loop.call_soon_threadsafe(lambda: self._spawn(action()))
 
     async def _drain(self) -> None:
@@ -115,21 +116,31 @@ class Server(uvicorn.Server):
         deadline = time.monotonic() + timeout
         while state.in_flight and time.monotonic() < deadline and not self.should_exit:
             await asyncio.sleep(0.05)
-        await self._abort_now()
+        await self._abort_now(ABORT_GRACE_S)
 
-    async def _abort_now(self) -> None:
+    async def _abort_on_signal(self) -> None:
+        # NOTE: the second signal aborts at once, then waits for the aborted requests' final
+        # chunks up to --shutdown-timeout: a scheduler that cannot answer (hung) holds them, and
+        # the third signal exits without waiting.
+        await self._abort_now(max(ABORT_GRACE_S, self.state.args.shutdown_timeout))
+
+    async def _abort_now(self, grace: float) -> None:
         state = self.state
         if state.in_flight and state.tm is not None and not state.tm.dead:
             logger.warning("aborting %d request(s) still in flight", state.in_flight)
             state.tm.abort("")
-            deadline = time.monotonic() + ABORT_GRACE_S
-            while state.in_flight and time.monotonic() < deadline:
+            deadline = time.monotonic() + grace
+            while state.in_flight and time.monotonic() < deadline and not self.should_exit:
                 await asyncio.sleep(0.05)
         self.should_exit = True
 
 
-def serve_main(argv: list[str] | None = None) -> int:
-    """Entry point of `radixlm serve`; returns the process exit code."""
+def serve_main(
+    argv: list[str] | None = None, serve_dp: Callable[[ServerArgs], int] | None = None
+) -> int:
+    """Entry point of `radixlm serve`; returns the process exit code. `serve_dp` runs `--dp-size`
+    replicas behind the router (`radixlm.router.dp.serve_dp`; passed in by the CLI, which sits
+    above both runtime and router)."""
     parser = build_parser()
     ns = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
@@ -137,9 +148,11 @@ def serve_main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError) as exc:
         parser.error(str(exc))
     configure_logging(args.log_level)
-    if args.dp_size > 1:  # replicas behind the router (router/dp.py)
-        from radixlm.router.dp import serve_dp
-
+    if args.dp_size > 1:
+        if serve_dp is None:
+            parser.error(
+                "--dp-size > 1 runs replicas behind the router: start it with `radixlm serve`"
+            )
         return serve_dp(args)
     if args.load_format != "dummy" and args.model_path and not os.path.exists(args.model_path):
         try:  # a HF repo id from the local HF cache (never downloads)
