@@ -182,6 +182,18 @@ def test_native_and_openai_apis_stream_through_the_router(router, workers):
         assert f'requests_total{{route="/generate",worker="{w.base_url}"}}' in metrics
 
 
+def test_bench_router_prints_the_policies_side_by_side(workers, capsys):
+    """`radixlm bench router` at a tiny size against this module's workers (a smoke run)."""
+    from radixlm.bench.router import main as bench_main
+
+    argv = ["--worker-urls", *(w.base_url for w in workers), "--num-prefixes", "2", "--questions",
+            "2", "--prefix-len", "24", "--question-len", "4", "--output-len", "2"]  # fmt: skip
+    assert bench_main(argv) == 0
+    out = capsys.readouterr().out
+    for row in ("single", "cache_aware", "round_robin", "cache_aware / round_robin hit rate"):
+        assert row in out, out
+
+
 def running(workers: list[ServerProcess]) -> int:
     return sum(w.info()["num_running"] + w.info()["num_waiting"] for w in workers)
 
