@@ -4,12 +4,12 @@ texts (characters, not tokens: the router never tokenizes).
 Owned by one `Worker` (router/worker.py) and touched only on the router's event loop. The policy
 matches every incoming text against each healthy worker's tree and inserts it into the tree of the
 worker it picks (which refreshes that path's last-access time); a periodic task evicts
-least-recently-used leaves until the tree holds at most `max_size` characters: the worker's real cache evicts too, so an unbounded tree would
-claim prefixes the worker no longer holds. "Approximate": the tree neither sees the worker's
+least-recently-used leaves until the tree holds at most `max_size` characters: the worker's real
+cache evicts too, so an unbounded tree would claim prefixes the worker no longer holds. "Approximate": the tree neither sees the worker's
 evictions nor knows its tokenization; a wrong guess costs a cache miss, never a wrong answer.
 
-Each node holds the run of characters on the edge from its parent and the time of its last
-match or insert. Size = characters over all edges.
+Each node holds the run of characters on the edge from its parent and the time of the last
+insert through it. Size = characters over all edges.
 """
 
 from __future__ import annotations
