@@ -6,7 +6,8 @@ matches every incoming text against each healthy worker's tree and inserts it in
 worker it picks (which refreshes that path's last-access time); a periodic task evicts
 least-recently-used leaves until the tree holds at most `max_size` characters: the worker's real
 cache evicts too, so an unbounded tree would claim prefixes the worker no longer holds.
-"Approximate": the tree neither sees the worker's evictions nor knows its tokenization; a wrong guess costs a cache miss, never a wrong answer.
+"Approximate": the tree neither sees the worker's evictions nor knows its tokenization; a wrong
+guess costs a cache miss, never a wrong answer.
 
 Each node holds the run of characters on the edge from its parent and the time of the last
 insert through it. Size = characters over all edges.

@@ -304,7 +304,7 @@ def test_killed_worker_loses_no_request_silently_and_a_restarted_one_rejoins(rou
             assert victim.base_url in o["last"]["error"]["message"]
         else:
             assert o["last"]["meta_info"]["finish_reason"]["type"] == "length", o
-    ws = router.wait_workers(lambda ws: not next(w for w in ws if w["url"] == victim.base_url)["healthy"])  # fmt: skip
+    ws = router.wait_workers(lambda ws: not {w["url"]: w for w in ws}[victim.base_url]["healthy"])
     assert sum(w["healthy"] for w in ws) == 1
     # new requests all go to the survivor, though the policy is round-robin
     for _ in range(3):
