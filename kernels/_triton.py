@@ -38,10 +38,15 @@ class _MissingTritonKernel:
         raise RuntimeError(f"Triton is not installed: cannot launch {self.__name__}")
 
 
-def jit(fn: Callable[..., Any]) -> Any:
-    """`triton.jit` when Triton is importable, else a stub that raises on launch."""
+def jit(fn: Callable[..., Any] | None = None, *, do_not_specialize: tuple[str, ...] = ()) -> Any:
+    """`triton.jit` when Triton is importable, else a stub that raises on launch. Used bare
+    (`@jit`) or with `do_not_specialize`: integer arguments that change from call to call (batch
+    sizes, strides that follow them) and would otherwise compile one variant per value class
+    (== 1, divisible by 16, other) at run time."""
+    if fn is None:
+        return lambda f: jit(f, do_not_specialize=do_not_specialize)
     if HAS_TRITON:
-        return triton.jit(fn)
+        return triton.jit(fn, do_not_specialize=list(do_not_specialize))
     return _MissingTritonKernel(fn)
 
 

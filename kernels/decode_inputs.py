@@ -42,7 +42,9 @@ def decode_inputs_ref(
     return out
 
 
-@jit
+@jit(
+    do_not_specialize=("bs", "stride_cols", "stride_out")
+)  # NOTE: one compile for every batch size
 def _decode_inputs_kernel(
     Cols,
     Ids,

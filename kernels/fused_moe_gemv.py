@@ -29,23 +29,29 @@ from radixlm.kernels._triton import cdiv, jit, tl
 
 
 class MoEGemvConfig(NamedTuple):
-    block_n: int  # output features per program
-    block_k: int  # reduction tile (long: few loop trips, many bytes in flight)
+    """Launch parameters of the two kernels (each tuned on its own: their shapes differ)."""
+
+    block_n: int  # gate_up: output features per program
+    block_k: int  # gate_up: reduction tile (long: few loop trips, many bytes in flight)
     num_warps: int
+    down_block_n: int  # the same three for the down kernel
+    down_block_k: int
+    down_num_warps: int
 
 
 # Candidates timed at start-up for the small-T buckets (GPU); small BLOCK_N = many programs, as the
 # dense GEMV (kernels/gemv.py) found best for decode-sized reads. On an H200 (2026-12-02, Qwen3-30B-A3B
-# experts, bf16, CUDA-graph replay, weights cold) (2, 1024, 4) was the best at T = 1 and 2, and
-# (16, 256, 8) at T = 4 to 16.
+# experts, bf16, CUDA-graph replay, weights cold; one smoke run, not a published number): at T = 1
+# gate_up (4, 1024, 2) and down (2, 1024, 4) were the fastest of 36 configs each; (16, 256, 8) for
+# both kernels at T = 4 to 16.
 GEMV_CANDIDATES = (
-    MoEGemvConfig(2, 1024, 4),
-    MoEGemvConfig(16, 256, 8),
-    MoEGemvConfig(4, 512, 4),
-    MoEGemvConfig(1, 1024, 4),
-    MoEGemvConfig(8, 256, 4),
+    MoEGemvConfig(4, 1024, 2, 2, 1024, 4),
+    MoEGemvConfig(2, 1024, 4, 2, 1024, 4),
+    MoEGemvConfig(16, 256, 8, 16, 256, 8),
+    MoEGemvConfig(4, 512, 4, 4, 512, 4),
+    MoEGemvConfig(8, 1024, 2, 1, 1024, 2),
 )
-GEMV_INTERPRET_CONFIG = MoEGemvConfig(16, 32, 4)
+GEMV_INTERPRET_CONFIG = MoEGemvConfig(16, 32, 4, 16, 32, 4)
 GEMV_MAX_PAIRS = 128  # T * k above this: the sorted grouped GEMM only
 
 
@@ -156,18 +162,21 @@ def fused_moe_gemv(
     ids = topk_ids.contiguous()
     weights = topk_weights.contiguous()
     act = torch.empty(t * k, inter, dtype=x.dtype, device=x.device)
-    common = {"TOP_K": k, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k}
     _moe_gemv_gate_up_kernel[(t * k, cdiv(inter, cfg.block_n))](
         *(x, w13, act, ids, inter, h),
         *(x.stride(0), w13.stride(0), w13.stride(1), act.stride(0)),
-        **common,
+        TOP_K=k,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps,
     )
     out = torch.empty(t, h, dtype=x.dtype, device=x.device)
-    _moe_gemv_down_kernel[(t, cdiv(h, cfg.block_n))](
+    _moe_gemv_down_kernel[(t, cdiv(h, cfg.down_block_n))](
         *(act, w2, out, ids, weights, h, inter),
         *(act.stride(0), w2.stride(0), w2.stride(1), out.stride(0)),
-        **common,
-        num_warps=cfg.num_warps,
+        TOP_K=k,
+        BLOCK_N=cfg.down_block_n,
+        BLOCK_K=cfg.down_block_k,
+        num_warps=cfg.down_num_warps,
     )
     return out

@@ -247,13 +247,14 @@ class ModelRunner:
 
     def _warm_extend(self) -> None:
         """Compile the extend path's kernels now, not on the first request (runtime/executor/warmup.py)."""
-        from radixlm.runtime.executor.warmup import extend_shapes, warm_extend
+        from radixlm.runtime.executor.warmup import extend_shapes, warm_decode_inputs, warm_extend
 
         chunk = self.args.chunked_prefill_size
         chunk = self.args.max_prefill_tokens if chunk == -1 else chunk
         capacity = self.kv_pool.allocator.available()
         shapes = extend_shapes(chunk, self.max_running, capacity, self.req_to_token.table.shape[1])
         seconds = warm_extend(self, shapes)
+        warm_decode_inputs(self)
         logger.info("extend warm-up: %d shapes in %.2f s of start-up", len(shapes), seconds)
 
     # ---- forward -------------------------------------------------------------------------------

@@ -76,7 +76,7 @@ def test_small_t_gemv_path_matches_reference(device, tokens, experts, top_k, dty
     w13 = (torch.randn(experts, 2 * inter, hidden, device=device) * 0.1).to(dtype)
     w2 = (torch.randn(experts, hidden, inter, device=device) * 0.1).to(dtype)
     weights, ids = route(torch.randn(tokens, experts, device=device), top_k, False, dtype)
-    cfg = MoEGemvConfig(block_n=16, block_k=32, num_warps=4)
+    cfg = MoEGemvConfig(16, 32, 4, 8, 16, 4)  # each kernel its own tiles
     out = fused_moe(x, w13, w2, weights, ids, cfg)
     assert_close(out, fused_moe_torch(x, w13, w2, weights, ids), dtype, "fused moe gemv")
 
