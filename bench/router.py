@@ -10,7 +10,8 @@ output lengths (bench/serving.py's generator). For each policy, every worker's c
 a fresh router starts, the workload runs, and the router stops. The hit rate is the workers' own
 `cached_tokens` / prompt tokens. "single" sends the same workload straight to the first worker;
 "vs ideal" = throughput / (workers × single's throughput). Policies alternate over `--repeats`
-rounds and the median of each column is printed. Numbers only count on a quiet machine.
+rounds (after a warm-up pass straight to each worker) and the median of each column is printed.
+Numbers only count on a quiet machine.
 """
 
 from __future__ import annotations
@@ -148,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             _wait_health(url, proc)
         if not workers:
             raise SystemExit("give --worker-urls or --launch-workers")
+        for url in workers:  # NOTE: a worker's first requests run slower (one-time set-up)
+            _run(args, url, reqs[: min(len(reqs), 2 * args.questions)])
         rounds: list[dict[str, dict[str, Any]]] = []
         for r in range(args.repeats):
             order = args.policies if r % 2 == 0 else args.policies[::-1]

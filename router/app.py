@@ -27,7 +27,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-import radixlm
+from radixlm._version import __version__
 from radixlm.router.config import RouterArgs
 from radixlm.router.metrics import CONTENT_TYPE, RouterMetrics
 from radixlm.router.policy import make_policy
@@ -84,7 +84,7 @@ def create_router_app(args: RouterArgs) -> FastAPI:
             await pool.stop()
             await client.aclose()
 
-    app = FastAPI(title="radixlm router", version=radixlm.__version__, lifespan=lifespan,
+    app = FastAPI(title="radixlm router", version=__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None)  # fmt: skip
     app.state.router = router
 
@@ -127,7 +127,7 @@ def create_router_app(args: RouterArgs) -> FastAPI:
     async def server_info() -> Response:
         info = {k: v for k, v in asdict(args).items() if k != "api_key"}
         info["workers"] = [w.describe() for w in pool.workers.values()]
-        info["version"] = radixlm.__version__
+        info["version"] = __version__
         return JSONResponse(info)
 
     @app.post("/add_worker")

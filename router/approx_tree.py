@@ -2,14 +2,15 @@
 texts (characters, not tokens: the router never tokenizes).
 
 Owned by one `Worker` (router/worker.py) and touched only on the router's event loop. The policy
-matches every incoming text against each healthy worker's tree, inserts the text into the tree of
-the worker it picks, and a periodic task evicts least-recently-used leaves until the tree holds
-at most `max_size` characters: the worker's real cache evicts too, so an unbounded tree would
-claim prefixes the worker no longer holds. "Approximate": the tree neither sees the worker's
-evictions nor knows its tokenization; a wrong guess costs a cache miss, never a wrong answer.
+matches every incoming text against each healthy worker's tree and inserts it into the tree of the
+worker it picks (which refreshes that path's last-access time); a periodic task evicts
+least-recently-used leaves until the tree holds at most `max_size` characters: the worker's real
+cache evicts too, so an unbounded tree would claim prefixes the worker no longer holds.
+"Approximate": the tree neither sees the worker's evictions nor knows its tokenization; a wrong
+guess costs a cache miss, never a wrong answer.
 
-Each node holds the run of characters on the edge from its parent and the time of its last
-match or insert. Size = characters over all edges.
+Each node holds the run of characters on the edge from its parent and the time of the last
+insert through it. Size = characters over all edges.
 """
 
 from __future__ import annotations
@@ -55,15 +56,14 @@ class ApproxTree:
         self.size = 0  # characters stored
 
     def match(self, text: str) -> Match:
-        """Longest prefix of `text` in the tree; touches the matched path (LRU)."""
-        now = self.clock()
+        """Longest prefix of `text` in the tree. A pure read: the policy matches every worker's
+        tree but inserts (and so refreshes for LRU) only into the one it picks."""
         node, pos = self.root, 0
         while pos < len(text):
             child = node.children.get(text[pos])
             if child is None:
                 break
             n = _common(child.key, text[pos:])
-            child.last_access = now
             pos += n
             if n < len(child.key):
                 break

@@ -99,6 +99,8 @@ async def _race(awaitable: Awaitable[T], gone: asyncio.Event) -> T:
         if not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        elif not task.cancelled():
+            task.exception()  # NOTE: done as we were cancelled: mark its outcome as seen
 
 
 class Router:

@@ -38,8 +38,9 @@ class Worker:
         self.gone.set()
 
     def describe(self) -> dict[str, object]:
+        error = None if self.healthy else self.last_error
         return {"url": self.url, "healthy": self.healthy, "load": self.load,
-                "tree_chars": self.tree.size, "last_error": None if self.healthy else self.last_error}  # fmt: skip
+                "tree_chars": self.tree.size, "last_error": error}  # fmt: skip
 
 
 class WorkerPool:

@@ -1,10 +1,11 @@
-"""`radixlm serve --dp-size 2`: two replicas (each its own engine processes) behind one endpoint,
-on the tiny random-weight model (real tokenizer): what is checked is the plumbing, not the text."""
+"""`radixlm serve --dp-size 2`: two replicas (each its own engine processes) behind one endpoint
+(API key on), on the tiny random-weight model (real tokenizer): what is checked is the plumbing, not the text."""
 
 from __future__ import annotations
 
 import sys
 
+import httpx
 import openai
 import psutil
 import pytest
@@ -35,9 +36,8 @@ def test_dp_size_must_be_positive():
 
 
 def test_dp_size_two_serves_one_endpoint_and_stops_its_replicas():
-    server = ServerProcess(
-        *TINY_MODEL_ARGS, "--dp-size", "2", command=[sys.executable, "-m", "radixlm.cli", "serve"]
-    )
+    cli = [sys.executable, "-m", "radixlm.cli", "serve"]
+    server = ServerProcess(*TINY_MODEL_ARGS, "--dp-size", "2", api_key="dp-key", command=cli)
     try:
         server.wait_ready()
         parent = psutil.Process(server.proc.pid)
@@ -45,7 +45,11 @@ def test_dp_size_two_serves_one_endpoint_and_stops_its_replicas():
         family = parent.children(recursive=True)
         workers = server.client.get("/workers").json()["workers"]
         assert len(workers) == 2 and all(w["healthy"] for w in workers)
-        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused")
+        # the key is checked by the router and forwarded to the replicas, which check it too
+        assert httpx.get(server.base_url + "/v1/models").status_code == 401
+        for w in workers:
+            assert httpx.get(w["url"] + "/v1/models").status_code == 401
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="dp-key")
         served = set()
         for i in range(4):  # distinct prompts: cache misses go to the emptier replica
             raw = client.completions.with_raw_response.create(

@@ -50,7 +50,7 @@ def test_tree_eviction_removes_least_recently_used_branches_first():
     tree.insert("system A: question 1")
     tree.insert("system B: question 1")
     tree.insert("system A: question 2")
-    tree.match("system B: question 1")  # B is now the most recently used
+    tree.insert("system B: question 1")  # B is now the most recently used
     before = tree.size
     removed = tree.evict(before - 1)
     assert removed >= 1 and tree.size <= before - 1

@@ -10,6 +10,7 @@ process (it holds no model: it starts in about a second). Hit rates come from th
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -181,6 +182,18 @@ def test_native_and_openai_apis_stream_through_the_router(router, workers):
         assert f'requests_total{{route="/generate",worker="{w.base_url}"}}' in metrics
 
 
+def test_bench_router_prints_the_policies_side_by_side(workers, capsys):
+    """`radixlm bench router` at a tiny size against this module's workers (a smoke run)."""
+    from radixlm.bench.router import main as bench_main
+
+    argv = ["--worker-urls", *(w.base_url for w in workers), "--num-prefixes", "2", "--questions",
+            "2", "--prefix-len", "24", "--question-len", "4", "--output-len", "2"]  # fmt: skip
+    assert bench_main(argv) == 0
+    out = capsys.readouterr().out
+    for row in ("single", "cache_aware", "round_robin", "cache_aware / round_robin hit rate"):
+        assert row in out, out
+
+
 def running(workers: list[ServerProcess]) -> int:
     return sum(w.info()["num_running"] + w.info()["num_waiting"] for w in workers)
 
@@ -226,9 +239,9 @@ def stream_one(router: RouterProcess, prompt: str, started: threading.Event,
             started.set()
 
 
-def test_killed_worker_loses_no_request_silently_and_a_restarted_one_rejoins(router, workers):
-    victim, survivor = workers[1], workers[0]
-    outs: list[dict[str, Any]] = [{} for _ in range(4)]
+def start_streams(router: RouterProcess, n: int) -> tuple[list[threading.Thread], list[dict]]:
+    """n long streaming requests in flight (each has streamed its first tokens)."""
+    outs: list[dict[str, Any]] = [{} for _ in range(n)]
     firsts = [threading.Event() for _ in outs]
     threads = [
         threading.Thread(target=stream_one, args=(router, f"Story {i}: once upon a time", e, o))
@@ -236,14 +249,53 @@ def test_killed_worker_loses_no_request_silently_and_a_restarted_one_rejoins(rou
     ]
     for t in threads:
         t.start()
-    for e in firsts:  # every request has streamed its first tokens: all are in flight
+    for e in firsts:
         assert e.wait(HANG_GUARD_S)
-    on_victim = [o for o in outs if o.get("worker") == victim.base_url]
-    assert on_victim
-    victim.proc.kill()
+    return threads, outs
+
+
+def join_all(threads: list[threading.Thread]) -> None:
     for t in threads:
         t.join(HANG_GUARD_S)
         assert not t.is_alive(), "a request through the router hangs"
+
+
+def test_a_worker_that_stops_answering_leaves_the_pool_and_its_requests_end(workers):
+    """SIGSTOP: the worker's connections stay open but nothing comes; its health checks fail,
+    it leaves the pool, and its requests in flight end with an error instead of waiting."""
+    victim, other = workers
+    router = RouterProcess([w.base_url for w in workers], "--policy", "round_robin",
+                           "--health-check-timeout", "1")  # fmt: skip
+    try:
+        threads, outs = start_streams(router, 2)
+        assert {o["worker"] for o in outs} == {victim.base_url, other.base_url}
+        os.kill(victim.proc.pid, signal.SIGSTOP)
+        try:
+            join_all(threads)
+            router.wait_workers(lambda ws: [w["healthy"] for w in ws] == [False, True])
+        finally:
+            os.kill(victim.proc.pid, signal.SIGCONT)
+        for o in outs:
+            assert o["status"] == 200 and "transport_error" not in o, o
+            if o["worker"] == victim.base_url:
+                assert "left the pool" in o["last"]["error"]["message"], o
+            else:
+                assert o["last"]["meta_info"]["finish_reason"]["type"] == "length", o
+        router.wait_workers(lambda ws: all(w["healthy"] for w in ws))  # back once it answers
+        for w in workers:  # the abandoned request was aborted on the worker: no KV held
+            w.wait_idle_and_check_kv(timeout=HANG_GUARD_S)
+    finally:
+        router.close()
+
+
+def test_killed_worker_loses_no_request_silently_and_a_restarted_one_rejoins(router, workers):
+    victim, survivor = workers[1], workers[0]
+    router.wait_workers(lambda ws: all(w["healthy"] for w in ws))
+    threads, outs = start_streams(router, 4)
+    on_victim = [o for o in outs if o.get("worker") == victim.base_url]
+    assert on_victim
+    victim.proc.kill()
+    join_all(threads)
     for o in outs:
         assert "transport_error" not in o, o
         assert o["status"] == 200
@@ -252,7 +304,7 @@ def test_killed_worker_loses_no_request_silently_and_a_restarted_one_rejoins(rou
             assert victim.base_url in o["last"]["error"]["message"]
         else:
             assert o["last"]["meta_info"]["finish_reason"]["type"] == "length", o
-    ws = router.wait_workers(lambda ws: not next(w for w in ws if w["url"] == victim.base_url)["healthy"])  # fmt: skip
+    ws = router.wait_workers(lambda ws: not {w["url"]: w for w in ws}[victim.base_url]["healthy"])
     assert sum(w["healthy"] for w in ws) == 1
     # new requests all go to the survivor, though the policy is round-robin
     for _ in range(3):
