@@ -55,11 +55,12 @@ class ServerArgs:
     # gguf: a GGUF file's Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K linear weights stay quantised on CPU and
     # the CPU kernels compute on them (runtime/models/cpu_linear.py); on GPU they load de-quantised.
     quantization: str | None = None
-    # ---- memory and scheduling ----
-    mem_fraction_static: float | None = None  # GPU: fraction of device memory for weights + KV
+    # ---- memory and scheduling ---- (defaults that depend on the device: `resolved()`)
+    # GPU: fraction of device memory for weights + KV (None: 0.85)
+    mem_fraction_static: float | None = None
     max_total_tokens: int | None = None  # KV pool size in tokens (CPU default: 65536)
     kv_cache_dtype: str = "auto"  # auto: the model dtype; fp8_e4m3 / fp8_e5m2 halve KV bytes
-    max_running_requests: int | None = None
+    max_running_requests: int | None = None  # None: 512 on GPU, 128 on CPU (capped by the pool)
     max_queued_requests: int | None = None
     max_prefill_tokens: int = 16384
     chunked_prefill_size: int | None = None  # None: 8192 on GPU, 2048 on CPU; -1 disables
@@ -73,7 +74,7 @@ class ServerArgs:
     # ---- kernels ----
     attention_backend: str | None = None  # None: triton on GPU, torch on CPU
     disable_cuda_graph: bool = False
-    cuda_graph_max_bs: int | None = None
+    cuda_graph_max_bs: int | None = None  # None: 256 (capped by max running requests)
     num_threads: int | None = None  # CPU: torch intra-op threads (None: all cores)
     # ---- constrained decoding ----
     grammar_backend: str = "outlines"
