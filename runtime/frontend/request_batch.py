@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from radixlm.runtime.constrained.request_checks import precheck_large_constraints
 from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.frontend.tokenizer_manager import GenerateInput, TokenizerManager
 
@@ -129,10 +130,12 @@ def expand_request(
     return RequestBatch(groups, batched)
 
 
-def validate(tm: TokenizerManager, batch: RequestBatch) -> None:
+async def validate(tm: TokenizerManager, batch: RequestBatch) -> None:
     """Validate every sub-request, and check that all of them fit in the queue, before any of
-    them runs (raises the first error)."""
+    them runs (raises the first error). Large constraints are checked in a worker thread first,
+    so the event loop keeps serving other requests (constrained/request_checks.py)."""
     flat = batch.flat
+    await precheck_large_constraints(tm.args, tm.vocab_size, [s.sampling_params for s in flat])
     for sub in flat:
         tm.validate(sub)
     tm.check_queue(len(flat))
@@ -176,7 +179,7 @@ async def prefill_shared_prompts(tm: TokenizerManager, batch: RequestBatch) -> N
 async def collect(tm: TokenizerManager, batch: RequestBatch) -> list[dict[str, Any]]:
     """Run every sub-request to completion; the final results, flat, in order. On the first
     error (or cancellation) the others are cancelled, which aborts them."""
-    validate(tm, batch)
+    await validate(tm, batch)
     await prefill_shared_prompts(tm, batch)
     return await _gather_or_cancel([run_one(tm, r) for r in batch.flat])
 
@@ -194,7 +197,7 @@ async def stream(tm: TokenizerManager, batch: RequestBatch) -> AsyncIterator[dic
     """Stream chunks (cumulative text per sub-request) as they come. Chunks of a batch (or n > 1)
     carry `index`, the sub-request's flat position. Closing the iterator aborts what still runs."""
     flat = batch.flat
-    validate(tm, batch)
+    await validate(tm, batch)
     await prefill_shared_prompts(tm, batch)
     if batch.is_single:
         async with contextlib.aclosing(tm.generate(flat[0])) as agen:

@@ -22,9 +22,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from radixlm.runtime.constrained.llguidance_specs import check_sampling_params_llguidance
-from radixlm.runtime.constrained.patterns import check_sampling_params
-from radixlm.runtime.constrained.regex_guard import check_regex_size, check_schema_patterns
+from radixlm.runtime.constrained.request_checks import check_constraint
 from radixlm.runtime.errors import (
     EngineDeadError,
     InvalidRequestError,
@@ -143,16 +141,9 @@ class TokenizerManager:
         if self.dead:
             raise EngineDeadError(self.dead)
         sp = SamplingParams.from_dict(req.sampling_params, self.vocab_size)
-        # Constraints (regex / JSON schema / choices) fail here, before anything is sent.
-        if self.args.grammar_backend == "llguidance":
-            check_sampling_params_llguidance(sp, self.args.constrained_json_whitespace_pattern)
-        else:
-            check_sampling_params(sp, self.args.constrained_json_whitespace_pattern)
-            # NOTE: after the syntax checks; bounds the automaton (regex_guard)
-            if sp.regex:
-                check_regex_size(sp.regex)
-            if sp.json_schema:
-                check_schema_patterns(sp.json_schema)
+        # Constraints fail here, before anything is sent (large ones were checked off the event
+        # loop by request_batch.validate: this is then a cache hit; request_checks.py).
+        check_constraint(sp, self.args)
         if req.input_ids is not None:
             ids = req.input_ids
             if not isinstance(ids, list) or not all(
