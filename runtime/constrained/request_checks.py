@@ -63,7 +63,9 @@ def _check_spec(spec: GrammarSpec, backend: str, whitespace: str | None) -> None
         check_schema_patterns(spec.value)
 
 
-@functools.lru_cache(maxsize=512)
+# NOTE: keys hold the spec text (up to the request body limit): a small cache bounds the memory
+# a client sending many distinct large schemas can pin.
+@functools.lru_cache(maxsize=128)
 def _verdict(spec: GrammarSpec, backend: str, whitespace: str | None) -> tuple[str, str] | None:
     """None when the spec passes, else the (message, field) of its GrammarError."""
     try:
