@@ -77,7 +77,7 @@ class ServerArgs:
     cuda_graph_max_bs: int | None = None  # None: 256 (capped by max running requests)
     num_threads: int | None = None  # CPU: torch intra-op threads (None: all cores)
     # ---- constrained decoding ----
-    grammar_backend: str = "outlines"
+    grammar_backend: str = "llguidance"
     disable_jump_forward: bool = False
     grammar_compile_timeout: float = 30.0
     grammar_cache_dir: str | None = None

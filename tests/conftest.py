@@ -52,6 +52,12 @@ def engine() -> Any:
 
 
 @pytest.fixture(scope="session")
+def outlines_engine() -> Any:
+    """The default engine on the alternative grammar backend (`grammar_backend="outlines"`)."""
+    return get_engine(grammar_backend="outlines")
+
+
+@pytest.fixture(scope="session")
 def hf_reference() -> Any:
     """transformers' LlamaForCausalLM holding exactly the default model's (de-quantized) weights."""
     from radixlm.runtime.models.hf_reference import HFReference

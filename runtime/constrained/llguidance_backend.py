@@ -4,7 +4,8 @@ milliseconds, so there is no disk cache.
 
 - `LLGuidanceCompiler` (one per scheduler process) owns the `LLTokenizer` (built once from our
   tokenizer, lazily, under a lock) and an LRU of *template* matchers in their initial state,
-  keyed by (spec, whitespace pattern). Each request gets `template.deep_copy()`.
+  keyed by (spec, whitespace pattern), each with its first mask already computed (`_warm`).
+  Each request gets `template.deep_copy()`.
 - `LLGuidanceGrammar` (one per request, scheduler loop thread only) wraps one `LLMatcher`.
 
 NOTE: an `LLMatcher` never raises on user errors: it enters a sticky error state. So `accept`
@@ -168,10 +169,29 @@ class LLGuidanceCompiler(GrammarCompiler):
         if matcher.is_error():
             first = (matcher.get_error().strip().splitlines() or ["invalid grammar"])[0]
             raise GrammarError(f"cannot compile {spec.describe()}: {first}", spec.kind)
+        self._warm(matcher, spec)
         self.stats["compiled"] += 1
         self.stats["compile_s"] += time.perf_counter() - start
         self.memory.put(key, matcher)
         return matcher
+
+    def _warm(self, matcher: Any, spec: GrammarSpec) -> None:
+        """Compute the template's first mask here, in the compile worker, off the decode path.
+
+        NOTE: llguidance builds its lexer automaton lazily (regex derivatives) and caches the
+        last mask per parser state; `deep_copy` copies both. So every request's copy starts with
+        the initial lexer states built and its first mask cached: on a big schema that first
+        mask was the slowest of all (the first walk of the token trie derives every lexer state
+        the trie reaches). A grammar whose first mask is an error (no token can start it) fails
+        here, as a compile error of that request."""
+        words = (self.vocab_size + 31) // 32
+        scratch = torch.empty(words, dtype=torch.int32)
+        matcher.unsafe_compute_mask_ptr(scratch.data_ptr(), words * 4)
+        if matcher.is_error():
+            first = (matcher.get_error().strip().splitlines() or ["NoExtensionBias"])[0]
+            if first == "NoExtensionBias":  # llguidance's name for an empty first mask
+                first = "no token of the model's vocabulary can start an output of it"
+            raise GrammarError(f"cannot compile {spec.describe()}: {first}", spec.kind)
 
 
 def make_lltokenizer(tokenizer: Any, vocab_size: int, eos_ids: tuple[int, ...]) -> Any:

@@ -157,7 +157,7 @@ def _json_options(whitespace_pattern: str | None) -> dict[str, Any]:
     return {"whitespace_pattern": whitespace_pattern or DEFAULT_JSON_WHITESPACE}
 
 
-def _validate(grammar: str, kind: str, schema: Any = None) -> None:
+def _validate(grammar: str, kind: str, schema: Any = None, pattern: str = "") -> None:
     from llguidance import LLMatcher
 
     is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
@@ -166,8 +166,14 @@ def _validate(grammar: str, kind: str, schema: Any = None) -> None:
     message = messages[0] if messages else "invalid grammar"
     if kind == "json_schema":
         raise GrammarError(_explain(message, schema), kind)
-    first = message.strip().splitlines()[0] if message.strip() else "invalid grammar"
-    raise GrammarError(f"cannot compile {kind}: {first}", kind)
+    lines = message.strip().splitlines() or ["invalid grammar"]
+    # NOTE: a regex parse error names the problem on its own `error: ...` line (Rust's regex
+    # crate), after the pattern is echoed; the first line only says where.
+    reason = next((ln[len("error: ") :] for ln in lines if ln.startswith("error: ")), None)
+    if kind == "regex" and reason is not None:
+        raise GrammarError(f"invalid regex {pattern!r}: {reason}", kind)
+    detail = f"{lines[0]} ({reason})" if reason is not None else lines[0]
+    raise GrammarError(f"cannot compile {kind}: {detail}", kind)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -185,7 +191,7 @@ def spec_to_llguidance(spec: GrammarSpec, whitespace_pattern: str | None = None)
         if len(value) > MAX_PATTERN_CHARS:
             raise GrammarError(f"regex is longer than {MAX_PATTERN_CHARS} characters", kind)
         grammar = LLMatcher.grammar_from_regex(value)
-        _validate(grammar, kind)
+        _validate(grammar, kind, pattern=value)
         return grammar
     if kind == "json_schema":
         assert isinstance(value, str)

@@ -18,9 +18,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from radixlm.runtime.constrained.llguidance_specs import check_sampling_params_llguidance
-from radixlm.runtime.constrained.patterns import check_sampling_params
-from radixlm.runtime.constrained.regex_guard import check_regex_size, check_schema_patterns
+from radixlm.runtime.constrained.request_checks import check_constraint
 from radixlm.runtime.errors import InvalidRequestError, RequestTooLongError
 from radixlm.runtime.processes import io
 from radixlm.runtime.sampling.sampling_params import SamplingParams
@@ -74,16 +72,9 @@ def prepare_request(req: GenerateInput, limits: RequestLimits, tokenizer: Any) -
     `InvalidRequestError` naming the problem (RequestTooLongError for the length guard).
     `tokenizer`: None without one (`skip_tokenizer_init`)."""
     sp = SamplingParams.from_dict(req.sampling_params, limits.vocab_size)
-    # Constraints (regex / JSON schema / choices) fail here, before anything is sent.
-    if limits.grammar_backend == "llguidance":
-        check_sampling_params_llguidance(sp, limits.whitespace_pattern)
-    else:
-        check_sampling_params(sp, limits.whitespace_pattern)
-        # NOTE: after the syntax checks; bounds the automaton (regex_guard)
-        if sp.regex:
-            check_regex_size(sp.regex)
-        if sp.json_schema:
-            check_schema_patterns(sp.json_schema)
+    # Constraints fail here, before anything is sent (large ones were checked off the event loop
+    # by request_batch.validate: this is then a cache hit; constrained/request_checks.py).
+    check_constraint(sp, limits.grammar_backend, limits.whitespace_pattern)
     if req.input_ids is not None:
         ids = req.input_ids
         if not isinstance(ids, list) or not all(

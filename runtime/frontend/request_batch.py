@@ -3,7 +3,7 @@
 `Engine` and the HTTP server.
 
     batch = expand_request(prompt=["a", "b"], sampling_params={"n": 2, "max_new_tokens": 8})
-    batch = validate(tm, batch)                 # optional: each sub-request validated+tokenized once
+    batch = await validate(tm, batch)           # optional: each sub-request validated+tokenized once
     results = await collect(tm, batch)          # flat: prompt-major, n samples each (SGLang's order)
     async for chunk in stream(tm, batch): ...   # chunks of a batch carry "index" (flat position)
 
@@ -27,6 +27,7 @@ from typing import Any
 
 import msgspec
 
+from radixlm.runtime.constrained.request_checks import precheck_large_constraints
 from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.frontend.prepare import GenerateInput, PreparedReq
 from radixlm.runtime.frontend.tokenizer_manager import TokenizerManager
@@ -141,12 +142,20 @@ def expand_request(
     return RequestBatch(groups, batched)
 
 
-def validate(tm: TokenizerManager, batch: RequestBatch) -> RequestBatch:
+async def validate(tm: TokenizerManager, batch: RequestBatch) -> RequestBatch:
     """The batch with every sub-request validated and tokenized (`prepared`), once all of them
-    are valid and fit in the queue: nothing runs before that (raises the first error). A
-    prompt's text is tokenized once: its other `n - 1` samples reuse the first one's ids."""
+    are valid and fit in the queue: nothing runs before that (raises the first error). Large
+    constraints are checked in a worker thread first, so the event loop keeps serving other
+    requests (constrained/request_checks.py). A prompt's text is tokenized once: its other
+    `n - 1` samples reuse the first one's ids."""
     if batch.prepared is not None:
         return batch
+    await precheck_large_constraints(
+        tm.args.grammar_backend,
+        tm.args.constrained_json_whitespace_pattern,
+        tm.vocab_size,
+        [s.sampling_params for s in batch.flat],
+    )
     prepared: list[PreparedReq] = []
     for first, *others in batch.groups:
         head = tm.prepare(first)
@@ -208,7 +217,7 @@ async def prefill_shared_prompts(tm: TokenizerManager, batch: RequestBatch) -> N
 async def collect(tm: TokenizerManager, batch: RequestBatch) -> list[dict[str, Any]]:
     """Run every sub-request to completion; the final results, flat, in order. On the first
     error (or cancellation) the others are cancelled, which aborts them."""
-    batch = validate(tm, batch)
+    batch = await validate(tm, batch)
     assert batch.prepared is not None
     await prefill_shared_prompts(tm, batch)
     return await _gather_or_cancel([run_prepared(tm, r) for r in batch.prepared])
@@ -226,7 +235,7 @@ async def _gather_or_cancel(coros: list[Any]) -> list[Any]:
 async def stream(tm: TokenizerManager, batch: RequestBatch) -> AsyncIterator[dict[str, Any]]:
     """Stream chunks (cumulative text per sub-request) as they come. Chunks of a batch (or n > 1)
     carry `index`, the sub-request's flat position. Closing the iterator aborts what still runs."""
-    batch = validate(tm, batch)
+    batch = await validate(tm, batch)
     flat = batch.prepared
     assert flat is not None
     await prefill_shared_prompts(tm, batch)

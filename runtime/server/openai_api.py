@@ -88,7 +88,9 @@ async def completions(request: Request) -> Response:
         batch = completion_batch(body)
         echo = None
         if body.echo:
-            batch = request_batch.validate(state.engine, batch)  # NOTE: ids checked before decoding
+            batch = await request_batch.validate(
+                state.engine, batch
+            )  # NOTE: ids checked before decoding
             echo = _echo_texts(state, batch)
         n = len(batch.groups[0])
         model = body.model or state.model_name

@@ -1,7 +1,8 @@
 """Constrained decoding end to end on the default model: the corpus (16 regexes / choices and 21
-JSON schemas) decoded in one batch next to unconstrained requests, with jump-forward on and off;
-rejections of bad patterns while other requests run; length limits; streaming; logprobs; n > 1.
-KV accounting is checked after every test by the shared conftest."""
+JSON schemas) decoded in one batch next to unconstrained requests, with jump-forward on and off,
+on the default grammar backend (llguidance) and on `grammar_backend="outlines"`; rejections of
+bad patterns (each backend's messages) while other requests run; length limits; streaming;
+logprobs; n > 1. KV accounting is checked after every test by the shared conftest."""
 
 from __future__ import annotations
 
@@ -44,7 +45,6 @@ def test_corpus_valid_with_jump_forward(corpus_on):
 def test_corpus_valid_without_jump_forward(tmp_path_factory):
     from tests_helpers import get_engine, release_engine
 
-    # NOTE: test_compile_walks.py (which runs first) left the compiled indexes in this cache.
     config = {
         "disable_jump_forward": True,
         "grammar_cache_dir": str(tmp_path_factory.getbasetemp() / "grammar-cache"),
@@ -58,7 +58,13 @@ def test_corpus_valid_without_jump_forward(tmp_path_factory):
     # token boundaries. Validity must not (run_corpus checked every output).
 
 
-BAD = [
+def test_outlines_corpus_valid_with_jump_forward(outlines_engine):
+    _outs, jumps = run_corpus(outlines_engine)
+    assert jumps > 0
+
+
+# The outlines backend's messages (Python `re` dialect, its JSON-schema subset).
+BAD_OUTLINES = [
     ({"regex": "(abc"}, "invalid regex"),
     ({"regex": "a(?=b)"}, "look-around"),
     ({"regex": r"(a)\1"}, "unsupported regex feature"),
@@ -75,11 +81,29 @@ BAD = [
     ({"ebnf": "root ::= 'a'"}, "ebnf"),
     ({"regex": "a", "choices": ["a"]}, "only one of"),
 ]
+# The default llguidance backend's messages (Rust `regex` dialect, llguidance's JSON schema).
+BAD_LLGUIDANCE = [
+    ({"regex": "(abc"}, "invalid regex '(abc': unclosed group"),
+    ({"regex": "a(?=b)"}, "look-around"),
+    ({"regex": r"(a)\1"}, "backreferences are not supported"),
+    ({"regex": "a{3,1}"}, "invalid regex"),
+    ({"json_schema": "{not json"}, "not valid JSON"),
+    ({"json_schema": json.dumps({"type": "strin"})}, "Invalid type: strin"),
+    ({"json_schema": json.dumps({"type": "array", "uniqueItems": True})}, "'uniqueItems' at /uniqueItems"),
+    ({"json_schema": json.dumps({"$ref": "https://example.com/s.json"})}, "https://example.com/s.json"),
+    ({"json_schema": json.dumps({"not": {"type": "null"}})}, "'not' at /not"),
+    ({"choices": ["a", ""]}, "choices"),
+    ({"ebnf": "root ::= missing"}, "invalid ebnf grammar"),
+    ({"regex": "a", "choices": ["a"]}, "only one of"),
+]  # fmt: skip
 
 
-def test_bad_patterns_rejected_others_unaffected(engine):
+@pytest.mark.parametrize("backend", ["llguidance", "outlines"])
+def test_bad_patterns_rejected_others_unaffected(request, backend):
     from radixlm.runtime.errors import GrammarError, InvalidRequestError
 
+    engine = request.getfixturevalue("engine" if backend == "llguidance" else "outlines_engine")
+    bad = BAD_LLGUIDANCE if backend == "llguidance" else BAD_OUTLINES
     good = [c for c in CASES if c.name in ("person", "ipv4", "choices_plain")]
     results: list = []
     worker = threading.Thread(
@@ -88,7 +112,7 @@ def test_bad_patterns_rejected_others_unaffected(engine):
         )
     )
     worker.start()
-    for params, needle in BAD:
+    for params, needle in bad:
         with pytest.raises(InvalidRequestError) as info:
             engine.generate(chat("hi"), {"max_new_tokens": 8, **params})
         assert needle in str(info.value), (params, str(info.value))

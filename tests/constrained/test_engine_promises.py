@@ -1,5 +1,7 @@
 """Issue 29 items 1-7 on the real engine: the cases that used to finish with "stop" and an invalid
-output, sampled at temperature 0.8 over 8 seeds in one batch on the shared default engine. Every
+output (the outlines backend's converter), sampled at temperature 0.8 over 8 seeds in one batch on
+the shared outlines engine (`grammar_backend="outlines"`: its regexes are Python `re` patterns,
+e.g. `a{,3}b`; the default llguidance backend reads Rust `regex` syntax). Every
 output is checked by re.fullmatch, or by json.loads + jsonschema with real format rules (and a
 `pattern` by re.search on the decoded value); the recursive schemas are refused by name."""
 
@@ -49,10 +51,10 @@ def batch(engine, specs):
 
 
 @pytest.fixture(scope="module")
-def outputs(engine):
+def outputs(outlines_engine):
     specs = [("json_schema", json.dumps(s), q) for s, q in JSON_CASES]
     specs += [("regex", r, q) for r, q in REGEX_CASES]
-    outs = batch(engine, specs)
+    outs = batch(outlines_engine, specs)
     n = len(SEEDS)
     return [outs[i * n : (i + 1) * n] for i in range(len(specs))]
 
@@ -112,9 +114,11 @@ TREE = {
     ],
     ids=["linked-list", "tree", "posix", "possessive", "named-group", "const"],
 )
-def test_broken_promises_are_refused_by_name(engine, params, needle):
+def test_broken_promises_are_refused_by_name(outlines_engine, params, needle):
     from radixlm.runtime.errors import GrammarError
 
     with pytest.raises(GrammarError) as info:
-        engine.generate(chat("hi"), {"max_new_tokens": 8, "temperature": TEMPERATURE, **params})
+        outlines_engine.generate(
+            chat("hi"), {"max_new_tokens": 8, "temperature": TEMPERATURE, **params}
+        )
     assert needle in str(info.value), str(info.value)

@@ -1,6 +1,6 @@
 """The llguidance backend without the model: recursive schemas, ECMA-262 patterns, keyword errors
-with JSON pointers, ebnf in both syntaxes, and `rollback(k)` on both backends (the masks after a
-rollback equal the masks seen before)."""
+with JSON pointers, ebnf in both syntaxes, `rollback(k)` on both backends (the masks after a
+rollback equal the masks seen before), and the first mask computed by the compile step."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from constrained.helpers import BACKENDS, EOS, allowed_ids, make_compiler, token
 from constrained.test_compile_walks import random_walk
 
 from radixlm.runtime.constrained import GrammarSpec
+from radixlm.runtime.constrained.llguidance_backend import LLGuidanceGrammar
+from radixlm.runtime.constrained.llguidance_specs import spec_to_llguidance
 from radixlm.runtime.errors import GrammarError
 
 LINKED_LIST = {
@@ -147,7 +149,8 @@ def test_ebnf_both_syntaxes(llg, text, good, bad):
     [
         (GrammarSpec("ebnf", "root ::= missing"), "invalid ebnf grammar"),
         (GrammarSpec("ebnf", "start: x"), "cannot compile ebnf"),
-        (GrammarSpec("regex", "(abc"), "cannot compile regex"),
+        (GrammarSpec("regex", "(abc"), "invalid regex '(abc': unclosed group"),
+        (GrammarSpec("regex", "a(?=b)"), "invalid regex 'a(?=b)': look-around"),
         (GrammarSpec("json_schema", "{not json"), "not valid JSON"),
         (GrammarSpec("choices", ("a", "")), "choices"),
     ],
@@ -202,3 +205,25 @@ def test_bytes_tokenizer_fallback_gives_the_same_masks(llg):
         assert torch_equal(allowed_ids(ga), allowed_ids(gb))
         if t is not None:
             assert ga.accept(t) and gb.accept(t)
+
+
+def test_template_first_mask_is_computed_at_compile(llg):
+    """The compile step computes the template's first mask (off the decode path): a request's
+    copy starts from it, and its masks are those of a matcher that never saw the warm-up."""
+    import llguidance
+
+    spec = GrammarSpec("json_schema", json.dumps(TREE))
+    grammar = llg.compile(spec)
+    fresh = LLGuidanceGrammar(
+        llguidance.LLMatcher(llg.lltokenizer, spec_to_llguidance(spec), log_level=0), (EOS,)
+    )
+    for token in tokenizer().encode('{"name": "a", "children": [', add_special_tokens=False):
+        assert allowed_ids(grammar).tolist() == allowed_ids(fresh).tolist()
+        assert grammar.accept(token) and fresh.accept(token)
+    assert allowed_ids(grammar).tolist() == allowed_ids(fresh).tolist()
+
+
+def test_unreachable_grammar_fails_at_compile(llg):
+    # NOTE: byte 0x04 is no token's text: the first mask is empty, found by the compile step.
+    with pytest.raises(GrammarError, match="no token of the model's vocabulary can start"):
+        llg.compile(GrammarSpec("regex", "\x04"))

@@ -1,13 +1,15 @@
-"""`radixlm serve --grammar-backend llguidance` over real HTTP: `ebnf` in /generate, OpenAI
-`response_format` `{"type": "grammar"}` and a recursive `json_schema` through the real `openai`
-client, `gen(ebnf=...)` in the language (RuntimeEndpoint), and bad grammars as 400s naming the
-problem while the server keeps serving. Outputs are sampled at temperature 0.8 over 8 seeds and
-checked with the `lark` oracle / json.loads + jsonschema. The outlines backend (`main_server`)
-refuses ebnf by name; an unknown backend fails before any child process starts."""
+"""The default grammar backend (llguidance) over real HTTP on the shared `main_server`: `ebnf` in
+/generate, OpenAI `response_format` `{"type": "grammar"}` and a recursive `json_schema` through
+the real `openai` client, `gen(ebnf=...)` in the language (RuntimeEndpoint), and bad grammars as
+400s naming the problem while the server keeps serving. Outputs are sampled at temperature 0.8
+over 8 seeds and checked with the `lark` oracle / json.loads + jsonschema. A server started with
+`--grammar-backend outlines` refuses ebnf by name; an unknown backend fails before any child
+process starts."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from constrained.corpus import TREE
@@ -21,13 +23,9 @@ LISP = next(c for c in GRAMMARS if c.name == "lisp")
 
 
 @pytest.fixture(scope="module")
-def llg_server():
-    server = ServerProcess("--grammar-backend", "llguidance")
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.close()
+def llg_server(main_server):
+    """llguidance is the default grammar backend: the session's shared server."""
+    return main_server
 
 
 def chat(question: str) -> str:
@@ -52,7 +50,9 @@ def test_openai_response_format_grammar_and_recursive_schema(llg_server):
     import jsonschema
     import openai
 
-    client = openai.OpenAI(base_url=llg_server.base_url + "/v1", api_key="x", max_retries=0)
+    client = openai.OpenAI(
+        base_url=llg_server.base_url + "/v1", api_key=llg_server.api_key or "x", max_retries=0
+    )
     model = client.models.list().data[0].id
     for seed in SEEDS:
         out = client.chat.completions.create(
@@ -90,7 +90,7 @@ def test_language_gen_ebnf(llg_server):
         s += rl.user(ARITH.question)
         s += rl.assistant(rl.gen("e", max_tokens=48, ebnf=ARITH.text))
 
-    backend = RuntimeEndpoint(llg_server.base_url)
+    backend = RuntimeEndpoint(llg_server.base_url, api_key=llg_server.api_key)
     try:
         states = expr.run_batch([{} for _ in SEEDS], backend=backend, temperature=0.8)
         done = 0
@@ -125,12 +125,28 @@ def test_bad_grammar_is_a_400_and_the_server_keeps_serving(llg_server):
     assert len(ok["text"]) == 3
 
 
-def test_outlines_server_rejects_ebnf_by_name(main_server):
-    res = main_server.client.post(
-        "/generate", json={"text": "hi", "sampling_params": {"ebnf": ARITH.text}}
-    )
-    assert res.status_code == 400
-    assert "not supported by the outlines grammar backend" in res.json()["error"]["message"]
+def test_outlines_server_rejects_ebnf_by_name():
+    server = ServerProcess("--grammar-backend", "outlines")
+    try:
+        server.wait_ready()
+        res = server.client.post(
+            "/generate", json={"text": "hi", "sampling_params": {"ebnf": ARITH.text}}
+        )
+        assert res.status_code == 400
+        assert "not supported by the outlines grammar backend" in res.json()["error"]["message"]
+        # NOTE: the same regex the llguidance server decodes above, on the outlines backend
+        res = server.client.post(
+            "/generate",
+            json={
+                "text": ["hi"] * len(SEEDS),
+                "sampling_params": [
+                    {"regex": "[a-z]{3}", "temperature": 0.8, "seed": s} for s in SEEDS
+                ],
+            },
+        )
+        assert all(re.fullmatch("[a-z]{3}", o["text"]) for o in res.json()), res.text
+    finally:
+        server.close()
 
 
 def test_unknown_backend_fails_before_start():
