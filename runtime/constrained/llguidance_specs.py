@@ -1,8 +1,10 @@
 """From a `GrammarSpec` to an llguidance grammar (the text `LLMatcher` compiles), with up-front
 checks that name the problem.
 
-- regex: Rust `regex` syntax (a superset of what the outlines backend accepts, incl. `\\uXXXX`,
-  `\\d`, classes), matched in full;
+- regex: a Python `re` pattern, matched in full (`re.fullmatch` is the promise on both backends):
+  read by Python's own parser and re-written in the plain syntax llguidance's Rust-`regex` reader
+  means the same way (constrained/regex_python.py; constructs other dialects read differently are
+  refused by name);
 - json_schema: llguidance's JSON-schema compiler (recursive `$ref`s included); keywords it cannot
   enforce are an error naming the keyword and its JSON pointer (never silently ignored);
 - choices: a Lark alternation of string literals;
@@ -22,6 +24,7 @@ from typing import Any
 
 from radixlm.runtime.constrained.base import GrammarSpec
 from radixlm.runtime.constrained.json_schema import OWN_FORMATS
+from radixlm.runtime.constrained.regex_python import translate
 from radixlm.runtime.errors import GrammarError
 
 MAX_PATTERN_CHARS = 100_000
@@ -190,7 +193,8 @@ def spec_to_llguidance(spec: GrammarSpec, whitespace_pattern: str | None = None)
         assert isinstance(value, str)
         if len(value) > MAX_PATTERN_CHARS:
             raise GrammarError(f"regex is longer than {MAX_PATTERN_CHARS} characters", kind)
-        grammar = LLMatcher.grammar_from_regex(value)
+        # NOTE: Rust's regex reads `[[:digit:]]`, `a{,3}`, `[\b]`... unlike Python: translate first
+        grammar = LLMatcher.grammar_from_regex(translate(value))
         _validate(grammar, kind, pattern=value)
         return grammar
     if kind == "json_schema":

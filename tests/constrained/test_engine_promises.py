@@ -1,7 +1,7 @@
 """Issue 29 items 1-7 on the real engine: the cases that used to finish with "stop" and an invalid
 output (the outlines backend's converter), sampled at temperature 0.8 over 8 seeds in one batch on
-the shared outlines engine (`grammar_backend="outlines"`: its regexes are Python `re` patterns,
-e.g. `a{,3}b`; the default llguidance backend reads Rust `regex` syntax). Every
+the shared outlines engine (`grammar_backend="outlines"`); the `regex` cases also on the default
+llguidance engine (on both, a regex is a Python `re` pattern: `a{,3}b`, `[\u4e00-\u9fff]`). Every
 output is checked by re.fullmatch, or by json.loads + jsonschema with real format rules (and a
 `pattern` by re.search on the decoded value); the recursive schemas are refused by name."""
 
@@ -71,10 +71,22 @@ def test_json_outputs_keep_their_promise(outputs, i):
             assert re.search(schema["pattern"], value), (schema, value)
 
 
+@pytest.fixture(scope="module")
+def llguidance_regex_outputs(engine):
+    outs = batch(engine, [("regex", r, q) for r, q in REGEX_CASES])
+    n = len(SEEDS)
+    return [outs[i * n : (i + 1) * n] for i in range(len(REGEX_CASES))]
+
+
+@pytest.mark.parametrize("backend", ["outlines", "llguidance"])
 @pytest.mark.parametrize("i", range(len(REGEX_CASES)), ids=[r for r, _ in REGEX_CASES])
-def test_regex_outputs_keep_their_promise(outputs, i):
+def test_regex_outputs_keep_their_promise(request, backend, i):
     pattern, _question = REGEX_CASES[i]
-    for out in outputs[len(JSON_CASES) + i]:
+    if backend == "outlines":
+        outs = request.getfixturevalue("outputs")[len(JSON_CASES) + i]
+    else:
+        outs = request.getfixturevalue("llguidance_regex_outputs")[i]
+    for out in outs:
         assert out["meta_info"]["finish_reason"]["type"] == "stop", out
         assert re.fullmatch(pattern, out["text"]), (pattern, out["text"])
 
@@ -121,4 +133,19 @@ def test_broken_promises_are_refused_by_name(outlines_engine, params, needle):
         outlines_engine.generate(
             chat("hi"), {"max_new_tokens": 8, "temperature": TEMPERATURE, **params}
         )
+    assert needle in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("regex", "needle"),
+    [("[[:digit:]]{3}", "POSIX"), ("a*+a", "possessive"), ("(?<n>a)", "(?P<name>...)")],
+    ids=["posix", "possessive", "named-group"],
+)
+def test_default_backend_refuses_other_dialects_by_name(engine, regex, needle):
+    """llguidance's own reader is Rust's: these mean something else there (or nothing in
+    Python), so the default backend refuses them by name as the outlines one does."""
+    from radixlm.runtime.errors import GrammarError
+
+    with pytest.raises(GrammarError) as info:
+        engine.generate(chat("hi"), {"max_new_tokens": 8, "regex": regex})
     assert needle in str(info.value), str(info.value)

@@ -149,8 +149,8 @@ def test_ebnf_both_syntaxes(llg, text, good, bad):
     [
         (GrammarSpec("ebnf", "root ::= missing"), "invalid ebnf grammar"),
         (GrammarSpec("ebnf", "start: x"), "cannot compile ebnf"),
-        (GrammarSpec("regex", "(abc"), "invalid regex '(abc': unclosed group"),
-        (GrammarSpec("regex", "a(?=b)"), "invalid regex 'a(?=b)': look-around"),
+        (GrammarSpec("regex", "(abc"), "invalid regex '(abc': missing ), unterminated subpattern"),
+        (GrammarSpec("regex", "a(?=b)"), "unsupported regex feature in 'a(?=b)': look-around"),
         (GrammarSpec("json_schema", "{not json"), "not valid JSON"),
         (GrammarSpec("choices", ("a", "")), "choices"),
     ],
