@@ -23,7 +23,7 @@ from radixlm.kernels.cpu import linear as cl
 needs_lib = pytest.mark.skipif(
     build.isa() is None or build.compiler() is None, reason="no AVX2 CPU or no C++ compiler"
 )
-QTYPES = {cl.Q8_0: "Q8_0", cl.Q4_0: "Q4_0", cl.Q4_1: "Q4_1"}
+QTYPES = {cl.Q8_0: "Q8_0", cl.Q4_0: "Q4_0", cl.Q4_1: "Q4_1", cl.Q5_0: "Q5_0", cl.Q5_1: "Q5_1"}
 KQTYPES = {cl.Q4_K: "Q4_K", cl.Q5_K: "Q5_K", cl.Q6_K: "Q6_K"}
 
 
