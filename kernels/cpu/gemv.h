@@ -98,7 +98,8 @@ static void dense_rows(const float* x, int64_t M, int64_t K, const void* w, int6
 // ---- GGUF blocks ------------------------------------------------------------------------------
 // acc += d * the dot of 32 byte values q (lo: elements 0..15, hi: 16..31) with xb[0..31].
 static inline void q_lohi_dot(__m128i lo, __m128i hi, const float* xb, vf& acc, float d) {
-  acc = vfma(madd16_u8(hi, xb + 16, madd16_u8(lo, xb, vzero())), vset1(d), acc);
+  const vf p = vfma(vset1(1.0f), madd16_u8(lo, xb, vzero()), madd16_u8(hi, xb + 16, vzero()));
+  acc = vfma(p, vset1(d), acc);
 }
 
 // The two nibble halves of a 4-bit block's 16 bytes.
@@ -136,44 +137,110 @@ static inline float f16_at(const uint8_t* p) {
   return half_to_float(h);
 }
 
+// acc (+ extra, the scalar min terms) += the dot of block b of a row of type Q with xm.
+template <int Q>
+static inline void quant_block(const uint8_t* row, const float* xm, const float* xsum, int64_t b,
+                               vf& acc, float& extra) {
+  const float* xb = xm + b * block_elems(Q);
+  const uint8_t* blk = row + b * block_bytes(Q);
+  __m128i lo, hi, hlo, hhi;
+  if (Q == Q4_K || Q == Q5_K) {
+    q45k_dot<Q>(blk, xb, xsum + b * 8, acc, extra);
+  } else if (Q == Q6_K) {
+    q6k_dot(blk, xb, acc);
+  } else if (Q == Q8_0) {
+    q8_block_dot((const int8_t*)(blk + 2), xb, acc, f16_at(blk));
+  } else if (Q == Q4_0) {
+    const float d = f16_at(blk);
+    q4_nibbles(blk + 2, lo, hi);
+    q_lohi_dot(lo, hi, xb, acc, d);
+    extra -= 8.0f * d * xsum[b];
+  } else if (Q == Q4_1) {
+    q4_nibbles(blk + 4, lo, hi);
+    q_lohi_dot(lo, hi, xb, acc, f16_at(blk));
+    extra += f16_at(blk + 2) * xsum[b];
+  } else if (Q == Q5_0) {
+    const float d = f16_at(blk);
+    q4_nibbles(blk + 6, lo, hi);
+    q5_high_bits(blk + 2, hlo, hhi);
+    q_lohi_dot(_mm_or_si128(lo, hlo), _mm_or_si128(hi, hhi), xb, acc, d);
+    extra -= 16.0f * d * xsum[b];
+  } else {  // Q5_1
+    q4_nibbles(blk + 8, lo, hi);
+    q5_high_bits(blk + 4, hlo, hhi);
+    q_lohi_dot(_mm_or_si128(lo, hlo), _mm_or_si128(hi, hhi), xb, acc, f16_at(blk));
+    extra += f16_at(blk + 2) * xsum[b];
+  }
+}
+
 // The dot of one row of nb blocks of type Q with xm (xsum: its per-32 sums, where needed).
+// NOTE: two accumulators (even / odd blocks) halve the FMA dependency chain through `acc`.
 template <int Q>
 static float quant_row_dot(const uint8_t* row, const float* xm, const float* xsum, int64_t nb) {
-  vf acc = vzero();
-  float extra = 0.0f;
+  vf acc0 = vzero(), acc1 = vzero();
+  float extra0 = 0.0f, extra1 = 0.0f;
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    quant_block<Q>(row, xm, xsum, b, acc0, extra0);
+    quant_block<Q>(row, xm, xsum, b + 1, acc1, extra1);
+  }
+  if (b < nb) quant_block<Q>(row, xm, xsum, b, acc0, extra0);
+  return vsum(vfma(vset1(1.0f), acc0, acc1)) + (extra0 + extra1);
+}
+
+// ---- several x rows per weight row (batched decode) -------------------------------------------
+// A 32-value block expanded to fp32 once, as 32 / VW vectors scaled by d (`w`), plus the factor of
+// the x block's sum (`mc`: m, or -8 d / -16 d, 0 for Q8_0), then applied to every x row: the
+// expansion, the costly part, is not repeated per row.
+static constexpr int NV = 32 / VW;
+
+static inline void u8x16_to_vf(__m128i q, vf* out, const vf d) {
+#if VW == 16
+  out[0] = vmul(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)), d);
+#else
+  out[0] = vmul(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)), d);
+  out[1] = vmul(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8))), d);
+#endif
+}
+
+template <int Q>
+static inline float expand_block(const uint8_t* blk, vf* w) {
   __m128i lo, hi, hlo, hhi;
-  for (int64_t b = 0; b < nb; ++b) {  // nb blocks of block_elems(Q) values
-    const float* xb = xm + b * block_elems(Q);
-    const uint8_t* blk = row + b * block_bytes(Q);
-    if (Q == Q4_K || Q == Q5_K) {
-      q45k_dot<Q>(blk, xb, xsum + b * 8, acc, extra);
-    } else if (Q == Q6_K) {
-      q6k_dot(blk, xb, acc);
-    } else if (Q == Q8_0) {
-      q8_block_dot((const int8_t*)(blk + 2), xb, acc, f16_at(blk));
-    } else if (Q == Q4_0) {
-      const float d = f16_at(blk);
-      q4_nibbles(blk + 2, lo, hi);
-      q_lohi_dot(lo, hi, xb, acc, d);
-      extra -= 8.0f * d * xsum[b];
-    } else if (Q == Q4_1) {
-      q4_nibbles(blk + 4, lo, hi);
-      q_lohi_dot(lo, hi, xb, acc, f16_at(blk));
-      extra += f16_at(blk + 2) * xsum[b];
-    } else if (Q == Q5_0) {
-      const float d = f16_at(blk);
-      q4_nibbles(blk + 6, lo, hi);
-      q5_high_bits(blk + 2, hlo, hhi);
-      q_lohi_dot(_mm_or_si128(lo, hlo), _mm_or_si128(hi, hhi), xb, acc, d);
-      extra -= 16.0f * d * xsum[b];
-    } else {  // Q5_1
-      q4_nibbles(blk + 8, lo, hi);
-      q5_high_bits(blk + 4, hlo, hhi);
-      q_lohi_dot(_mm_or_si128(lo, hlo), _mm_or_si128(hi, hhi), xb, acc, f16_at(blk));
-      extra += f16_at(blk + 2) * xsum[b];
+  const float d = f16_at(blk);
+  const vf dv = vset1(d);
+  if (Q == Q8_0) {
+    for (int v = 0; v < NV; ++v) w[v] = vmul(vload_i8((const int8_t*)(blk + 2) + v * VW), dv);
+    return 0.0f;
+  }
+  const bool has_min = Q == Q4_1 || Q == Q5_1, five = Q == Q5_0 || Q == Q5_1;
+  q4_nibbles(blk + (has_min ? 4 : 2) + (five ? 4 : 0), lo, hi);
+  if (five) {
+    q5_high_bits(blk + (has_min ? 4 : 2), hlo, hhi);
+    lo = _mm_or_si128(lo, hlo);
+    hi = _mm_or_si128(hi, hhi);
+  }
+  u8x16_to_vf(lo, w, dv);
+  u8x16_to_vf(hi, w + NV / 2, dv);
+  return has_min ? f16_at(blk + 2) : (five ? -16.0f : -8.0f) * d;
+}
+
+// y[m * ldy] for m < MC = the dot of one row of nb 32-value blocks with x rows m (stride K).
+template <int Q, int MC>
+static void quant_row_multi(const uint8_t* row, const float* x, int64_t K, const float* xsum,
+                            int64_t nb, float* y, int64_t ldy) {
+  vf acc[MC][2];
+  float extra[MC];
+  for (int m = 0; m < MC; ++m) acc[m][0] = acc[m][1] = vzero(), extra[m] = 0.0f;
+  vf w[NV];
+  for (int64_t b = 0; b < nb; ++b) {
+    const float mc = expand_block<Q>(row + b * block_bytes(Q), w);
+    for (int m = 0; m < MC; ++m) {
+      const float* xb = x + m * K + b * 32;
+      for (int v = 0; v < NV; ++v) acc[m][v & 1] = vfma(w[v], vload(xb + v * VW), acc[m][v & 1]);
+      if (Q != Q8_0) extra[m] += mc * xsum[m * (K / 32) + b];
     }
   }
-  return vsum(acc) + extra;
+  for (int m = 0; m < MC; ++m) y[m * ldy] = vsum(vfma(vset1(1.0f), acc[m][0], acc[m][1])) + extra[m];
 }
 
 template <int Q>
@@ -183,7 +250,19 @@ static void quant_rows_t(const float* x, int64_t M, int64_t K, const uint8_t* w,
   const int64_t row_bytes = nb * block_bytes(Q);
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = w + n * row_bytes;
-    for (int64_t m = 0; m < M; ++m)
+    int64_t m = 0;
+    if (!is_kquant(Q) && M > 1) {  // NOTE: batched decode: expand each block once for <= 8 rows
+      const int64_t s = K / 32;
+#if VW == 16  // 32 vector registers: 8 rows' accumulators fit
+      for (; m + 8 <= M; m += 8)
+        quant_row_multi<Q, 8>(row, x + m * K, K, xsum + m * s, nb, y + m * ldy + n, ldy);
+#endif
+      for (; m + 4 <= M; m += 4)
+        quant_row_multi<Q, 4>(row, x + m * K, K, xsum + m * s, nb, y + m * ldy + n, ldy);
+      for (; m + 2 <= M; m += 2)
+        quant_row_multi<Q, 2>(row, x + m * K, K, xsum + m * s, nb, y + m * ldy + n, ldy);
+    }
+    for (; m < M; ++m)
       y[m * ldy + n] = quant_row_dot<Q>(row, x + m * K, xsum + m * (K / 32), nb);
   }
 }

@@ -42,7 +42,7 @@ def _linear(sizes: list[int], k: int, forms: list, rng, bias: bool = False) -> d
 
 def _model(hidden: int, inter: int, forms: list, kv_dtype: torch.dtype, bias: bool, layers=2):
     rng = np.random.default_rng(0)
-    slots, table = 64, torch.zeros(4, 40, dtype=torch.int32)
+    slots, table = 256, torch.zeros(12, 40, dtype=torch.int32)
     specs = []
     for _ in range(layers):
         norm = 0.05 if isinstance(forms[0], int) and forms[0] >= 12 else 1.0
@@ -74,7 +74,7 @@ def _batch(model: dk.DecodeModel, lens: list[int]):
     rows = torch.arange(1, len(lens) + 1)
     lens_t = torch.tensor(lens)
     loc = model.table[rows, lens_t - 1].long()
-    ids = torch.tensor([7, 42, 99, 3][: len(lens)])
+    ids = torch.tensor([7, 42, 99, 3, 5, 8, 13, 21, 34, 55, 89][: len(lens)])
     return ids, lens_t - 1, loc, rows, lens_t
 
 
@@ -120,6 +120,14 @@ def test_dense_16bit_weights_and_pool(dtype: torch.dtype) -> None:
 def test_gguf_blocks_mixed_parts() -> None:
     forms = [cl.Q4_1, cl.Q5_0, cl.Q8_0, cl.Q4_0, cl.Q5_1, cl.Q4_1, cl.Q5_0]
     _check(_model(64, 96, forms, torch.float32, bias=False), [2, 30])
+
+
+@needs_lib
+def test_batch_of_nine_requests() -> None:
+    """8 + 1 requests: the batched block path (each block expanded once for 8 rows) and the
+    single-row one in the same step."""
+    forms = [cl.Q4_1, cl.Q5_1, cl.Q8_0, cl.Q4_0, cl.Q5_0, cl.Q4_1, torch.float16]
+    _check(_model(64, 96, forms, torch.float32, bias=False), [3, 1, 9, 17, 2, 25, 4, 6, 11])
 
 
 @needs_lib
