@@ -15,9 +15,9 @@
 // operators (views, casts, rotary, KV store, silu, residual adds) plus a Python frame per module,
 // more time than the weights' arithmetic at batch 1.
 //
-// Threads: one OpenMP region per step (one futex wake-up, not one per layer); between the phases
-// of a layer (8 per layer) the team meets at a spinning barrier (`SpinBarrier`, yielding after a
-// while so an oversubscribed machine still progresses).
+// Threads: one OpenMP region per step (one futex wake-up, not one per layer); the 8 phases of a
+// layer are split into chunks the threads claim (`Phases`): no thread waits for another to
+// arrive, only for chunks to finish, so a loaded machine that deschedules a thread costs little.
 #include <sched.h>
 
 #include <algorithm>
@@ -57,20 +57,29 @@ struct RlModel {
   const RlLayer* layers;
 };
 
-struct SpinBarrier {
-  std::atomic<int> arrived{0};
-  std::atomic<int> phase{0};
-  int n = 1;
-  void wait() {
-    if (n == 1) return;
-    const int p = phase.load(std::memory_order_acquire);
-    if (arrived.fetch_add(1, std::memory_order_acq_rel) == n - 1) {
-      arrived.store(0, std::memory_order_relaxed);
-      phase.store(p + 1, std::memory_order_release);
-      return;
+// The step's phases run in order; each is split into chunks that the threads claim from a counter
+// and count as done. A thread finishing a phase waits (spinning, then yielding) until every chunk
+// of it is done, not until every thread has arrived: a thread the OS has descheduled (a loaded
+// machine) holds up the others only while it holds an unfinished chunk, and when it comes back
+// the phases done without it are skipped in a few loads.
+struct alignas(64) PhaseCount {
+  std::atomic<int64_t> claimed{0};
+  std::atomic<int64_t> done{0};
+};
+
+struct Phases {
+  PhaseCount* counts;
+  int64_t next = 0;  // this thread's next phase
+
+  template <class F>
+  void run(int64_t chunks, F&& f) {
+    PhaseCount& c = counts[next++];
+    for (int64_t i; (i = c.claimed.fetch_add(1, std::memory_order_relaxed)) < chunks;) {
+      f(i);
+      c.done.fetch_add(1, std::memory_order_release);
     }
-    for (int i = 0; phase.load(std::memory_order_acquire) == p; ++i) {
-      if (i < 2048)
+    for (int spin = 0; c.done.load(std::memory_order_acquire) < chunks; ++spin) {
+      if (spin < 2048)
         _mm_pause();
       else
         sched_yield();
@@ -78,14 +87,8 @@ struct SpinBarrier {
   }
 };
 
-// [a, b): thread `tid`'s share of n items, in units of `align` items.
-static inline void share(int64_t n, int64_t align, int tid, int nth, int64_t& a, int64_t& b) {
-  const int64_t units = (n + align - 1) / align, per = units / nth, rem = units % nth;
-  const int64_t u0 = tid * per + std::min<int64_t>(tid, rem);
-  const int64_t u1 = u0 + per + (tid < rem ? 1 : 0);
-  a = std::min(n, u0 * align);
-  b = std::min(n, u1 * align);
-}
+static constexpr int64_t ROWS_PER_CHUNK = 32;  // weight rows per claimed chunk of a linear
+static constexpr int64_t PHASES_PER_LAYER = 8;
 
 static bool linear_needs_xsum(const RlLinear& L) {
   for (int p = 0; p < L.nparts; ++p)
@@ -185,80 +188,79 @@ static void attend(const RlModel& m, const RlLayer& L, const float* q, int64_t b
   }
 }
 
+// Rows of linear L for x [M, K] into y (ldy), in chunks of ROWS_PER_CHUNK claimed by the threads.
+static void linear_phase(Phases& ph, const RlLinear& L, const float* x, int64_t M, float* y,
+                         int64_t ldy, std::vector<float>& xs) {
+  const float* sums = nullptr;
+  bool have = false;
+  ph.run((L.N + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK, [&](int64_t c) {
+    if (!have) sums = sums_of(L, x, M, xs), have = true;  // NOTE: per thread, once per phase
+    linear_rows(L, x, M, sums, c * ROWS_PER_CHUNK, std::min(L.N, (c + 1) * ROWS_PER_CHUNK), y,
+                ldy);
+  });
+}
+
 static void step(const RlModel& m, const int64_t* ids, const int64_t* pos, const int64_t* loc,
                  const int64_t* rows, const int64_t* lens, int64_t B, float* out, float* buf,
-                 SpinBarrier& bar, int tid, int nth) {
+                 Phases ph) {
   const int64_t D = m.hidden, H = m.heads, KVH = m.kv_heads, Dh = m.head_dim, I = m.inter;
   const int64_t qn = H * Dh, kvn = KVH * Dh, nqkv = qn + 2 * kvn, half = Dh / 2;
-  float* res = buf;            // [B, D] the residual stream
-  float* xn = res + B * D;     // [B, D] normed input of a linear
-  float* h = xn + B * D;       // [B, D] a sub-layer's output
-  float* qkv = h + B * D;      // [B, nqkv]
-  float* ao = qkv + B * nqkv;  // [B, qn] attention output
-  float* gu = ao + B * qn;     // [B, 2I]
-  float* act = gu + B * 2 * I; // [B, I]
+  float* res = buf;             // [B, D] the residual stream
+  float* xn = res + B * D;      // [B, D] normed input of a linear
+  float* h = xn + B * D;        // [B, D] a sub-layer's output
+  float* qkv = h + B * D;       // [B, nqkv]
+  float* ao = qkv + B * nqkv;   // [B, qn] attention output
+  float* gu = ao + B * qn;      // [B, 2I]
+  float* act = gu + B * 2 * I;  // [B, I]
   std::vector<float> xs, sc;
-  int64_t r0, r1;
-  share(B, 1, tid, nth, r0, r1);
-  for (int64_t b = r0; b < r1; ++b) load_row(m.emb, m.emb_type, ids[b] * D, res + b * D, D);
+  ph.run(B, [&](int64_t b) { load_row(m.emb, m.emb_type, ids[b] * D, res + b * D, D); });
   for (int64_t l = 0; l < m.n_layers; ++l) {
     const RlLayer& L = m.layers[l];
-    bar.wait();
-    for (int64_t b = r0; b < r1; ++b) {
+    ph.run(B, [&](int64_t b) {
       if (l > 0) add_row(res + b * D, h + b * D, D);
       rms_row(res + b * D, L.in_norm, m.eps, D, xn + b * D);
-    }
-    bar.wait();
-    int64_t n0, n1;
-    share(nqkv, 4, tid, nth, n0, n1);
-    linear_rows(L.qkv, xn, B, sums_of(L.qkv, xn, B, xs), n0, n1, qkv, nqkv);
-    bar.wait();
-    for (int64_t t = tid; t < B * (H + KVH); t += nth) {  // rotary (q and k heads), K/V store
-      const int64_t b = t / (H + KVH), j = t % (H + KVH);
+    });
+    linear_phase(ph, L.qkv, xn, B, qkv, nqkv, xs);
+    ph.run(B, [&](int64_t b) {  // rotary on q and k, then k and v into the pool
       const float* c = m.cos + pos[b] * half;
       const float* s = m.sin + pos[b] * half;
       float* row = qkv + b * nqkv;
-      if (j < H) {
-        rotate(row + j * Dh, c, s, half);
-        continue;
+      for (int64_t j = 0; j < H + KVH; ++j) rotate(row + j * Dh, c, s, half);  // q then k heads
+      for (int64_t kh = 0; kh < KVH; ++kh) {
+        const int64_t off = (loc[b] * KVH + kh) * Dh;
+        store_row(L.k_pool, m.kv_type, off, row + qn + kh * Dh, Dh);
+        store_row(L.v_pool, m.kv_type, off, row + qn + kvn + kh * Dh, Dh);
       }
-      const int64_t kh = j - H, off = (loc[b] * KVH + kh) * Dh;
-      rotate(row + qn + kh * Dh, c, s, half);
-      store_row(L.k_pool, m.kv_type, off, row + qn + kh * Dh, Dh);
-      store_row(L.v_pool, m.kv_type, off, row + qn + kvn + kh * Dh, Dh);
-    }
-    bar.wait();
-    for (int64_t t = tid; t < B * H; t += nth) {
+    });
+    ph.run(B * H, [&](int64_t t) {
       const int64_t b = t / H, hh = t % H;
       attend(m, L, qkv + b * nqkv + hh * Dh, b, hh, rows, lens, ao + t * Dh, sc);
-    }
-    bar.wait();
-    share(D, 4, tid, nth, n0, n1);
-    linear_rows(L.o, ao, B, sums_of(L.o, ao, B, xs), n0, n1, h, D);
-    bar.wait();
-    for (int64_t b = r0; b < r1; ++b) {
+    });
+    linear_phase(ph, L.o, ao, B, h, D, xs);
+    ph.run(B, [&](int64_t b) {
       add_row(res + b * D, h + b * D, D);
       rms_row(res + b * D, L.post_norm, m.eps, D, xn + b * D);
-    }
-    bar.wait();
-    share(I, 4, tid, nth, n0, n1);  // gate row i and up row I + i: silu(g) * u stays local
-    const float* gs = sums_of(L.gate_up, xn, B, xs);
-    linear_rows(L.gate_up, xn, B, gs, n0, n1, gu, 2 * I);
-    linear_rows(L.gate_up, xn, B, gs, I + n0, I + n1, gu, 2 * I);
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t i = n0; i < n1; ++i) {
-        const float g = gu[b * 2 * I + i];
-        act[b * I + i] = g / (1.0f + expf(-g)) * gu[b * 2 * I + I + i];
-      }
-    bar.wait();
-    share(D, 4, tid, nth, n0, n1);
-    linear_rows(L.down, act, B, sums_of(L.down, act, B, xs), n0, n1, h, D);
+    });
+    // gate row i and up row I + i in one chunk: silu(g) * u stays within the chunk
+    const float* gs = nullptr;
+    bool have = false;
+    ph.run((I + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK, [&](int64_t c) {
+      if (!have) gs = sums_of(L.gate_up, xn, B, xs), have = true;
+      const int64_t i0 = c * ROWS_PER_CHUNK, i1 = std::min(I, i0 + ROWS_PER_CHUNK);
+      linear_rows(L.gate_up, xn, B, gs, i0, i1, gu, 2 * I);
+      linear_rows(L.gate_up, xn, B, gs, I + i0, I + i1, gu, 2 * I);
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = i0; i < i1; ++i) {
+          const float g = gu[b * 2 * I + i];
+          act[b * I + i] = g / (1.0f + expf(-g)) * gu[b * 2 * I + I + i];
+        }
+    });
+    linear_phase(ph, L.down, act, B, h, D, xs);
   }
-  bar.wait();
-  for (int64_t b = r0; b < r1; ++b) {
+  ph.run(B, [&](int64_t b) {
     add_row(res + b * D, h + b * D, D);
     rms_row(res + b * D, m.final_norm, m.eps, D, out + b * D);
-  }
+  });
 }
 
 extern "C" {
@@ -277,15 +279,10 @@ int rl_decode_step(const RlModel* m, const int64_t* ids, const int64_t* pos, con
                    const int64_t* rows, const int64_t* lens, int64_t B, float* out, float* buf) {
   if (m->hidden % VW || m->head_dim % VW || m->head_dim > 16 * VW || m->heads % m->kv_heads)
     return -2;
-  SpinBarrier bar;
-  const int nt = B > 0 ? omp_get_max_threads() : 1;
-#pragma omp parallel num_threads(nt)
-  {
-#pragma omp single
-    bar.n = omp_get_num_threads();
-    step(*m, ids, pos, loc, rows, lens, B, out, buf, bar, omp_get_thread_num(),
-         omp_get_num_threads());
-  }
+  const int64_t n_phases = 2 + PHASES_PER_LAYER * m->n_layers;
+  std::vector<PhaseCount> counts(n_phases);
+#pragma omp parallel
+  step(*m, ids, pos, loc, rows, lens, B, out, buf, Phases{counts.data()});
   return 0;
 }
 }
