@@ -131,6 +131,21 @@ static inline void q8_block_dot(const int8_t* qs, const float* xb, vf& acc, floa
   acc = vfma(p, vset1(d), acc);
 }
 
+// The two fp16 values at p as fp32 lanes 0 and 1.
+static inline __m128 f16x2_at(const uint8_t* p) {
+  int32_t v;
+  memcpy(&v, p, 4);
+  return _mm_cvtph_ps(_mm_cvtsi32_si128(v));
+}
+
+static inline vf vbroadcast0(__m128 a) {
+#if VW == 16
+  return _mm512_broadcastss_ps(a);
+#else
+  return _mm256_broadcastss_ps(a);
+#endif
+}
+
 static inline float f16_at(const uint8_t* p) {
   uint16_t h;
   memcpy(&h, p, 2);
@@ -156,9 +171,11 @@ static inline void quant_block(const uint8_t* row, const float* xm, const float*
     q_lohi_dot(lo, hi, xb, acc, d);
     extra -= 8.0f * d * xsum[b];
   } else if (Q == Q4_1) {
+    const __m128 dm = f16x2_at(blk);  // d, m in lanes 0, 1: one conversion for both
     q4_nibbles(blk + 4, lo, hi);
-    q_lohi_dot(lo, hi, xb, acc, f16_at(blk));
-    extra += f16_at(blk + 2) * xsum[b];
+    const vf p = vfma(vset1(1.0f), madd16_u8(lo, xb, vzero()), madd16_u8(hi, xb + 16, vzero()));
+    acc = vfma(p, vbroadcast0(dm), acc);
+    extra += _mm_cvtss_f32(_mm_movehdup_ps(dm)) * xsum[b];
   } else if (Q == Q5_0) {
     const float d = f16_at(blk);
     q4_nibbles(blk + 6, lo, hi);
@@ -166,10 +183,14 @@ static inline void quant_block(const uint8_t* row, const float* xm, const float*
     q_lohi_dot(_mm_or_si128(lo, hlo), _mm_or_si128(hi, hhi), xb, acc, d);
     extra -= 16.0f * d * xsum[b];
   } else {  // Q5_1
+    const __m128 dm = f16x2_at(blk);
     q4_nibbles(blk + 8, lo, hi);
     q5_high_bits(blk + 4, hlo, hhi);
-    q_lohi_dot(_mm_or_si128(lo, hlo), _mm_or_si128(hi, hhi), xb, acc, f16_at(blk));
-    extra += f16_at(blk + 2) * xsum[b];
+    lo = _mm_or_si128(lo, hlo);
+    hi = _mm_or_si128(hi, hhi);
+    const vf p = vfma(vset1(1.0f), madd16_u8(lo, xb, vzero()), madd16_u8(hi, xb + 16, vzero()));
+    acc = vfma(p, vbroadcast0(dm), acc);
+    extra += _mm_cvtss_f32(_mm_movehdup_ps(dm)) * xsum[b];
   }
 }
 
