@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixlm.kernels.cpu import decode as dk
-from radixlm.runtime.models.cpu_linear import SMALL_M, CpuLinear, StackedCpuLinear
 
 if TYPE_CHECKING:
     from radixlm.runtime.attention.base import AttentionBackend
@@ -34,15 +33,17 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-MAX_BATCH = SMALL_M
+MAX_BATCH = 16  # = cpu_linear.SMALL_M: larger batches are GEMM-shaped (torch's kernels)
 
 
 def _linear_spec(linear: Linear) -> dk.LinearSpec | None:
     impl = linear.cpu_impl
     if linear.fp8 or impl is None:
         return None
-    parts = impl.parts if isinstance(impl, StackedCpuLinear) else [impl]
-    if not all(isinstance(p, CpuLinear) for p in parts):
+    # NOTE: a `StackedCpuLinear` has `parts`, a `CpuLinear` `blocks` / `weight` (cpu_linear.py;
+    # not imported: it imports this module to attach `CpuDecode`).
+    parts = getattr(impl, "parts", [impl])
+    if not all(hasattr(p, "blocks") and hasattr(p, "weight") for p in parts):
         return None
     specs = []
     for p in parts:
