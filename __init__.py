@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from radixlm._version import __version__
 from radixlm.interpreter.api import *  # noqa: F403
 from radixlm.interpreter.api import LAZY_NAMES, lazy_attribute
 from radixlm.interpreter.api import __all__ as _lang_all
 
-__version__ = "0.1.0"
 __all__ = [*_lang_all, *LAZY_NAMES, "__version__"]
 
 

@@ -1,4 +1,4 @@
-"""`radixlm` command line: `demo`, `serve`, `bench <workload>`.
+"""`radixlm` command line: `demo`, `serve`, `router`, `bench <workload>`.
 
 Every subcommand imports its implementation lazily, so `radixlm --help` is instant.
 """
@@ -20,6 +20,10 @@ BENCHES: dict[str, tuple[str, str]] = {
         "generation programs with program-aware caching on/off vs transformers",
     ),
     "serving": ("radixlm.bench.serving", "load generator against a running server (TTFT/TPOT/ITL)"),
+    "router": (
+        "radixlm.bench.router",
+        "router policies side by side (cache-aware vs round-robin) on shared prefixes",
+    ),
     "constrained": ("radixlm.bench.constrained", "regex/JSON constrained decoding vs Outlines"),
     "kernels": (
         "radixlm.bench.kernels",
@@ -47,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser(
         "serve", help="start the HTTP server (native + OpenAI-compatible API)", add_help=False
     )
+    sub.add_parser(
+        "router", help="cache-aware router in front of `radixlm serve` workers", add_help=False
+    )
     bench = sub.add_parser("bench", help="benchmarks (radixlm vs its peer, side by side)")
     bench.add_argument(
         "workload",
@@ -59,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     handlers: dict[str, Callable[[list[str]], int]] = {
         "demo": _demo,
-        "serve": lambda a: _run_module_main("radixlm.runtime.server.launch_server", a),
+        "serve": _serve,
+        "router": lambda a: _run_module_main("radixlm.router.launch", a),
     }
     if command in handlers:
         return handlers[command](rest)
@@ -72,6 +80,13 @@ def main(argv: list[str] | None = None) -> int:
         return _run_module_main(BENCHES[rest[0]][0], rest[1:])
     parser.parse_args(argv)  # prints the usage error
     return 2
+
+
+def _serve(argv: list[str]) -> int:
+    from radixlm.router.dp import serve_dp
+    from radixlm.runtime.server.launch_server import serve_main
+
+    return serve_main(argv, serve_dp=serve_dp)
 
 
 def _demo(argv: list[str]) -> int:

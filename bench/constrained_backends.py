@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from radixlm.bench import constrained_workloads as W
+from radixlm.bench.constrained_tpot import bench_tpot
 from radixlm.bench.grammar_corpus import GRAMMARS
 
 BACKENDS = ("outlines", "llguidance")
@@ -181,8 +182,6 @@ def _pcts(values: list[float], scale: float) -> dict[str, float]:
 def bench_backends(
     quick: bool, tpot_tokens: int, batch: int = 16, compile_timeout: float = 10.0
 ) -> dict[str, Any]:
-    from radixlm.bench.constrained import bench_tpot
-
     items = corpus(64 if quick else None)
     out: dict[str, Any] = {"corpus_size": len(items)}
     for backend in BACKENDS:

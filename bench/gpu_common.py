@@ -47,25 +47,31 @@ def engine(model: str, **kwargs: Any) -> Any:
     )
 
 
-def linear_params_per_layer(cfg: Any) -> int:
-    """Weights of one decoder layer's linears a decode token reads: qkv, o, gate_up and down (a
-    mixture of experts: the router and the top-k experts)."""
+def linear_params_per_layer(cfg: Any, batch: int = 1) -> int:
+    """Weights of one decoder layer's linears a decode step of `batch` tokens reads: qkv, o,
+    gate_up and down (a mixture of experts: the router and the experts the batch routes to, on
+    average E * (1 - (1 - k / E) ** batch) of them for uniform routing: k at batch 1, nearly all
+    at a large batch; Qwen2-MoE's shared expert too)."""
     h, i = cfg.hidden_size, cfg.intermediate_size
     attn = (cfg.q_size + 2 * cfg.kv_size) * h + cfg.q_size * h
-    if getattr(cfg, "num_experts", 0):  # a decode token reads the router and its top-k experts
+    if getattr(cfg, "num_experts", 0):
+        e, k = cfg.num_experts, cfg.num_experts_per_tok
+        touched = k if batch <= 1 else e * (1 - (1 - k / e) ** batch)
         sparse = sum(cfg.moe_layers) / cfg.num_hidden_layers
-        moe = cfg.num_experts * h + cfg.num_experts_per_tok * 3 * cfg.moe_intermediate_size * h
+        s_i = getattr(cfg, "shared_expert_intermediate_size", 0)
+        shared = 3 * s_i * h + h if s_i else 0  # the shared expert and its gate
+        moe = e * h + touched * 3 * cfg.moe_intermediate_size * h + shared
         return attn + round(sparse * moe + (1 - sparse) * 3 * i * h)
     return attn + 3 * i * h
 
 
-def weight_bytes(cfg: Any, dtype_bytes: int = 2, linear_bytes: int = 2) -> int:
-    """Bytes a decode step reads: decoder linears at `linear_bytes` per weight (1 with
-    `quantization="fp8"`), norms and the LM head at `dtype_bytes`."""
+def weight_bytes(cfg: Any, dtype_bytes: int = 2, linear_bytes: int = 2, batch: int = 1) -> int:
+    """Bytes a decode step of `batch` tokens reads: decoder linears at `linear_bytes` per weight
+    (1 with `quantization="fp8"`), norms and the LM head at `dtype_bytes`."""
     h = cfg.hidden_size
     head = cfg.vocab_size * h  # lm_head (the embedding lookup reads only a few rows)
     layers = cfg.num_hidden_layers
-    linears = layers * linear_params_per_layer(cfg) * linear_bytes
+    linears = layers * linear_params_per_layer(cfg, batch) * linear_bytes
     return linears + (layers * 2 * h + h + head) * dtype_bytes
 
 

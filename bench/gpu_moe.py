@@ -1,7 +1,10 @@
 """`radixlm bench gpu --sections moe`: the fused-MoE kernel against its bound, on a preset's
 expert shape (default: qwen3-30b-a3b, 128 experts, 8 active, dummy weights).
 
-Batch 1: the bytes of the 8 active experts (gate_up + down) over the run's copy bandwidth.
+Batch 1: the bytes of the 8 active experts (gate_up + down) over the run's copy bandwidth, for
+the config start-up picks (the sorting-free GEMV path or the sorted grouped GEMM), timed eagerly
+(`us`, launch gaps included) and replayed from a CUDA graph as decode runs it (`graph_us`,
+`graph_bw_frac`); up to T * k = 128 pairs also the other path's best (`other_path_graph_us`).
 Large batch (4096 tokens, every expert busy): FLOPs 2 * T * k * 3 * H * I over the run's sustained
 GEMM rate (a cuBLAS bf16 matmul of the same run). Each timed as the median of CUDA-event runs.
 """
@@ -42,7 +45,13 @@ def _gemm_tflops() -> float:
 def section_moe(args: argparse.Namespace, results: dict[str, Any]) -> None:
     import torch
 
-    from radixlm.kernels.fused_moe import fused_moe, select_moe_config
+    from radixlm.kernels.fused_moe import (
+        CANDIDATES,
+        fused_moe,
+        select_moe_config,
+        time_moe_ms,
+    )
+    from radixlm.kernels.fused_moe_gemv import GEMV_CANDIDATES, GEMV_MAX_PAIRS, MoEGemvConfig
     from radixlm.runtime.models.config import ModelConfig
     from radixlm.runtime.models.moe import fused_moe_torch, route
     from radixlm.runtime.models.presets import PRESETS
@@ -62,26 +71,41 @@ def section_moe(args: argparse.Namespace, results: dict[str, Any]) -> None:
     bw = results.setdefault("copy_bandwidth_gbs", copy_bandwidth_gbs())
     tflops = _gemm_tflops()
     out: dict[str, Any] = {"model": model, "gemm_tflops": round(tflops, 1)}
-    for tokens in (1, 8, 64, 512, 4096):
+    for tokens in (1, 4, 8, 16, 64, 512, 4096):
         x = torch.randn(tokens, h, device="cuda", dtype=dt)
         weights, ids = route(torch.randn(tokens, e, device="cuda"), k, True, dt)
         kcfg = select_moe_config(h, i, e, k, tokens, dt)
-        state = {"n": 0}
 
-        def run(x=x, weights=weights, ids=ids, kcfg=kcfg, state=state) -> None:
-            n = state["n"] = (state["n"] + 1) % copies
-            fused_moe(x, w13[n], w2[n], weights, ids, kcfg)
+        def runner(cfg: Any, x=x, weights=weights, ids=ids) -> Any:
+            state = {"n": 0}
 
-        ms = _time_ms(run)
+            def run() -> None:
+                n = state["n"] = (state["n"] + 1) % copies
+                fused_moe(x, w13[n], w2[n], weights, ids, cfg)
+
+            return run
+
+        ms = _time_ms(runner(kcfg))
+        # NOTE: a decode step replays the MoE layers from a CUDA graph: time that too (one graph
+        # of `copies` calls, each on other weights, so they come cold from HBM as across layers)
+        graph_ms = time_moe_ms(runner(kcfg), calls=copies)
         active = int(ids.unique().numel())
         bytes_read = active * 3 * h * i * 2
         flops = 2 * tokens * k * 3 * h * i
         row = {
+            "path": "gemv" if isinstance(kcfg, MoEGemvConfig) else "sorted",
             "config": list(kcfg),
             "us": round(ms * 1e3, 1),
+            "graph_us": round(graph_ms * 1e3, 1),
             "bw_frac": round(bytes_read / (ms * 1e-3) / 1e9 / bw, 3),
+            "graph_bw_frac": round(bytes_read / (graph_ms * 1e-3) / 1e9 / bw, 3),
             "flops_frac": round(flops / (ms * 1e-3) / 1e12 / tflops, 3),
         }
+        if tokens * k <= GEMV_MAX_PAIRS:  # the other path at its best, for comparison
+            other = CANDIDATES if isinstance(kcfg, MoEGemvConfig) else GEMV_CANDIDATES
+            row["other_path_graph_us"] = round(
+                min(time_moe_ms(runner(c), calls=copies) for c in other) * 1e3, 1
+            )
         if tokens <= 64:  # the torch reference, for scale
             row["torch_ref_us"] = round(
                 _time_ms(

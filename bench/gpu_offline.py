@@ -9,7 +9,8 @@ schedule could take on this GPU, run back to back, from two rates measured in th
   and the rate drops from ~800 to ~675 TFLOP/s; docs/benchmarks.md, run 42);
 - the copy bandwidth (what decode attention can stream its KV cache at).
 It counts the prefill's FLOPs (linears, causal attention, the LM head of each prompt's last row;
-the last layer only projects K/V for the other rows) at the GEMM rate, the decode steps' linears (at least one read of the weights per step), and
+the last layer only projects K/V for the other rows) at the GEMM rate, the decode steps' linears (at least one read of the weights per step; of a mixture of experts, the
+experts a batch of all the requests routes to), and
 the KV bytes the decode steps read. It leaves out every elementwise kernel and all launch,
 scheduling and sampling time, so no run can reach it.
 """
@@ -77,7 +78,10 @@ def offline_bound(
     prefill = requests * (2 * prefill_linear + attention + 2 * vocab * hidden)
     steps = output_len - 1  # the first new token comes out of the prefill
     decode_flops = requests * steps * 2 * (linear + vocab * hidden)
-    decode_linear = max(decode_flops / gemm_flop_s, steps * weight_bytes(cfg) / copy_byte_s)
+    # NOTE: a mixture of experts reads the experts the whole batch routes to (all requests decode
+    # together here), not just the k of one token
+    step_bytes = weight_bytes(cfg, batch=requests)
+    decode_linear = max(decode_flops / gemm_flop_s, steps * step_bytes / copy_byte_s)
     # Decode step j (1 .. steps) attends over input_len + j tokens of each request.
     kv_tokens = requests * (steps * input_len + steps * (steps + 1) // 2)
     kv_bytes = kv_tokens * kv_bytes_per_token(cfg, kv_dtype_bytes)

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from radixlm.bench.kernels import Bench, Row
+from radixlm.bench.kernel_timing import Bench, Row
 from radixlm.kernels.decode_attention_ref import decode_attention_ref
 
 

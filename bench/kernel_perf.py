@@ -12,7 +12,7 @@ from functools import partial
 
 import torch
 
-from radixlm.bench.kernels import Bench, Row, time_graph_ms, time_graph_stream_ms, time_ms
+from radixlm.bench.kernel_timing import Bench, Row, time_graph_ms, time_graph_stream_ms, time_ms
 
 H, KVH, D = 32, 8, 128  # Llama-3-8B attention shapes
 DT = torch.bfloat16

@@ -17,6 +17,7 @@ Threading and ownership:
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import itertools
 import queue
@@ -79,6 +80,9 @@ class StreamExecutor(NodeRunner):
         self.fork_start_text_pos = 0
 
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # NOTE: worker thread only: queue items taken early by `lookahead`, run before the queue.
+        self._taken: collections.deque[Any] = collections.deque()
+        self._ahead: list[Expr] = []  # the rest of the expression being run
         ctx = contextvars.copy_context()
         self._worker = threading.Thread(
             target=ctx.run, args=(self._work,), name=f"radixlm-exec-{next(_ids)}", daemon=True
@@ -236,12 +240,14 @@ class StreamExecutor(NodeRunner):
 
     def _work(self) -> None:
         while True:
-            item = self._queue.get()
+            item = self._taken.popleft() if self._taken else self._queue.get()
             if item is _END:
                 break
             expr, site = item
             try:
-                for node in walk(expr):
+                nodes = list(walk(expr))
+                for i, node in enumerate(nodes):
+                    self._ahead = nodes[i + 1 :]
                     self._execute(node)
             except BaseException as e:  # recorded; surfaces where the state is read
                 self._fail(e, expr, site)
@@ -252,6 +258,21 @@ class StreamExecutor(NodeRunner):
         with self._cond:
             self.finished = True
             self._changed()
+
+    def lookahead(self) -> list[Expr]:
+        """The nodes the program has already sent after the running one: the rest of its
+        expression, then the expressions queued behind it (taken off the queue, run in order)."""
+        while True:
+            try:
+                self._taken.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        out = list(self._ahead)
+        for item in self._taken:
+            if item is _END:
+                break
+            out.extend(walk(item[0]))
+        return out
 
     def _fail(self, exc: BaseException, expr: Expr, site: SubmitSite | None) -> None:
         what = describe(expr)

@@ -11,8 +11,14 @@ import threading
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from radixlm.formats.reasoning import split_reasoning
 from radixlm.interpreter.spans import Span
-from radixlm.interpreter.speculative import can_speculate, consume_constant, speculative_gen
+from radixlm.interpreter.speculative import (
+    can_speculate,
+    consume_constant,
+    format_regex,
+    speculative_gen,
+)
 from radixlm.lang.errors import LangError
 from radixlm.lang.ir import (
     CommitLazy,
@@ -29,7 +35,6 @@ from radixlm.lang.ir import (
     VarScopeEnd,
     walk,
 )
-from radixlm.lang.reasoning import split_reasoning
 
 if TYPE_CHECKING:
     from radixlm.interpreter.backend import Backend
@@ -137,8 +142,9 @@ class NodeRunner:
         if not self.stream:
             if self.num_api_spec_tokens is not None and can_speculate(params, self._cur_role):
                 text, meta, self.speculated_text = speculative_gen(
-                    self.backend, self.text_, params, self.speculated_text, self.num_api_spec_tokens
-                )
+                    self.backend, self.text_, params, self.speculated_text,
+                    self.num_api_spec_tokens, lambda: self._spec_format(params),
+                )  # fmt: skip
             else:
                 text, meta = self.backend.generate(self.text_, params)
             self._fill(text, "gen", node.name)
@@ -156,6 +162,22 @@ class NodeRunner:
                     self.meta_info[node.name] = meta
                 self._changed()
         self._set_result(node.name, value, meta)
+
+    def lookahead(self) -> list[Expr]:
+        return []  # StreamExecutor: the nodes already sent after the running one
+
+    def _spec_format(self, params: SamplingParams) -> str | None:
+        """The regex a speculative request for this gen follows (speculative.py)."""
+        ahead: list[tuple[str, Any]] = []
+        for node in self.lookahead():
+            if isinstance(node, ConstantText):
+                ahead.append(("text", node.value))
+            elif isinstance(node, Gen):
+                nxt = self.default_params.merge(node.params)
+                ahead.append(("gen", nxt if can_speculate(nxt, self._cur_role) else None))
+            else:
+                break
+        return format_regex(params, ahead)
 
     def _separate_reasoning(self, node: SeparateReasoning) -> None:
         value = str(self.get_var(node.name))

@@ -8,6 +8,7 @@ Modules (import the one you need; this package imports nothing, so `radixlm.kern
                        its torch reference in decode_attention_ref
     decode_workspace   split-count heuristic and the fp32 workspace of decode attention
     token_bitmask      apply a packed allowed-token bitmask to logits
+    token_bitmask_cpu  the same on CPU logits with numpy, one thread (the sampler's CPU path)
     rmsnorm            RMSNorm and fused residual-add + RMSNorm (HF Llama semantics)
     rotary             neox-style rotary embedding, in place (alone or fused with the K/V store)
     activation         Llama's MLP activation silu(gate) * up

@@ -38,10 +38,17 @@ class _MissingTritonKernel:
         raise RuntimeError(f"Triton is not installed: cannot launch {self.__name__}")
 
 
-def jit(fn: Callable[..., Any]) -> Any:
-    """`triton.jit` when Triton is importable, else a stub that raises on launch."""
+def jit(fn: Callable[..., Any] | None = None, *, do_not_specialize: tuple[str, ...] = ()) -> Any:
+    """`triton.jit` when Triton is importable, else a stub that raises on launch. Used bare
+    (`@jit`) or with `do_not_specialize`: integer arguments that change from call to call (batch
+    sizes, strides that follow them) and would otherwise compile one variant per value class
+    (== 1, divisible by 16, other) at run time, and pointers to views whose 16-byte alignment
+    depends on the batch (a row of a packed `[k, n]` buffer)."""
+    if fn is None:
+        return lambda f: jit(f, do_not_specialize=do_not_specialize)
     if HAS_TRITON:
-        return triton.jit(fn)
+        names = list(do_not_specialize)
+        return triton.jit(fn, do_not_specialize=names, do_not_specialize_on_alignment=names)
     return _MissingTritonKernel(fn)
 
 

@@ -42,7 +42,9 @@ def decode_inputs_ref(
     return out
 
 
-@jit
+# NOTE: one compile for every batch: its size, and the alignment of views into packed buffers
+@jit(do_not_specialize=("Cols", "Ids", "Slots", "ReqToToken", "Out", "bs", "stride_cols",
+                        "stride_r2t", "stride_out"))  # fmt: skip
 def _decode_inputs_kernel(
     Cols,
     Ids,

@@ -13,17 +13,28 @@ sum_k topk_weights[t, k] * w2[e] @ (silu(w13[e, :I] @ x_t) * (w13[e, I:] @ x_t))
 3. The same kernel with GATED=False: `act @ w2[e]^T` times the pair's routing weight -> `[T*k, H]`,
    then a sum over the k pairs of each token (torch).
 `fused_moe_ref` (runtime/models/moe.py: `fused_moe_torch`) is the reference; CPU runs that.
-Launch configs: `moe_config(m, ...)` by batch bucket; `select_moe_config` times the candidates on
-the GPU at start-up for one layer shape.
+A few tokens (decode) take the sorting-free GEMV path instead (fused_moe_gemv.py): the config's
+type picks the path (`MoEGemvConfig` vs `MoEConfig`).
+Launch configs: `moe_config(m, ...)` by batch bucket; `select_moe_config` times the candidates
+(both paths where T * k <= `GEMV_MAX_PAIRS`) on the GPU at start-up for one layer shape, each
+replayed from a CUDA graph as a decode step runs it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 
 from radixlm.kernels._triton import cdiv, dot_flags, interpreting, jit, mma, require_triton, tl
+from radixlm.kernels.fused_moe_gemv import (
+    GEMV_CANDIDATES,
+    GEMV_INTERPRET_CONFIG,
+    GEMV_MAX_PAIRS,
+    MoEGemvConfig,
+    fused_moe_gemv,
+)
 
 
 class MoEConfig(NamedTuple):
@@ -46,10 +57,15 @@ CANDIDATES = (
 INTERPRET_CONFIG = MoEConfig(16, 16, 32, 4, 1)
 
 
-def moe_config(pairs: int) -> MoEConfig:
+SMALL_PAIRS = 32  # default (untimed) choice of the GEMV path: T * k up to this
+
+
+def moe_config(pairs: int) -> MoEConfig | MoEGemvConfig:
     """Default config for `pairs` = T * k (before start-up selection)."""
     if interpreting() or not torch.cuda.is_available():
-        return INTERPRET_CONFIG
+        return GEMV_INTERPRET_CONFIG if pairs <= SMALL_PAIRS else INTERPRET_CONFIG
+    if pairs <= SMALL_PAIRS:
+        return GEMV_CANDIDATES[0]
     if pairs <= 64:
         return CANDIDATES[0]
     if pairs <= 1024:
@@ -164,7 +180,7 @@ def fused_moe(
     w2: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
-    config: MoEConfig | None = None,
+    config: MoEConfig | MoEGemvConfig | None = None,
 ) -> torch.Tensor:
     """Triton fused MoE (see the module docstring); same math as `fused_moe_torch`."""
     require_triton()
@@ -177,6 +193,8 @@ def fused_moe(
         return torch.zeros_like(x)
     cfg = config or moe_config(n)
     assert x.stride(1) == 1 and w13.stride(2) == 1 and w2.stride(2) == 1
+    if isinstance(cfg, MoEGemvConfig):
+        return fused_moe_gemv(x, w13, w2, topk_weights, topk_ids, cfg)
     sorted_pairs, block_expert = align_pairs(topk_ids, e, cfg.block_m)
     blocks = block_expert.numel()
     act = torch.empty(n, inter, dtype=x.dtype, device=x.device)
@@ -213,28 +231,48 @@ def fused_moe(
 
 def select_moe_config(
     hidden: int, inter: int, experts: int, top_k: int, tokens: int, dtype: torch.dtype
-) -> MoEConfig:
-    """The fastest of `CANDIDATES` for this layer shape at `tokens` tokens (GPU, timed once at
-    start-up on random weights; ties keep the earlier candidate)."""
+) -> MoEConfig | MoEGemvConfig:
+    """The fastest config for this layer shape at `tokens` tokens (GPU, timed once at start-up on
+    random weights; ties keep the earlier candidate): the GEMV path's candidates first where
+    tokens * top_k <= GEMV_MAX_PAIRS, then the sorted grouped GEMM's."""
     dev = torch.device("cuda")
     x = torch.randn(tokens, hidden, device=dev, dtype=dtype)
     w13 = torch.randn(experts, 2 * inter, hidden, device=dev, dtype=dtype) * 0.02
     w2 = torch.randn(experts, hidden, inter, device=dev, dtype=dtype) * 0.02
     ids = torch.stack([torch.randperm(experts, device=dev)[:top_k] for _ in range(tokens)])
     weights = torch.full((tokens, top_k), 1.0 / top_k, device=dev, dtype=dtype)
-    best, best_ms = CANDIDATES[0], float("inf")
-    for cfg in CANDIDATES:
+    small = GEMV_CANDIDATES if tokens * top_k <= GEMV_MAX_PAIRS else ()
+    best: MoEConfig | MoEGemvConfig = CANDIDATES[0]
+    best_ms = float("inf")
+    for cfg in (*small, *CANDIDATES):
         try:
-            fused_moe(x, w13, w2, weights, ids, cfg)
-        except Exception:
+            ms = time_moe_ms(lambda cfg=cfg: fused_moe(x, w13, w2, weights, ids, cfg))
+        except Exception:  # a config this device cannot run
             continue
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(5):
-            fused_moe(x, w13, w2, weights, ids, cfg)
-        end.record()
-        torch.cuda.synchronize()
-        ms = start.elapsed_time(end) / 5
         if ms < best_ms:
             best, best_ms = cfg, ms
+    return best
+
+
+def time_moe_ms(fn: Callable[[], object], calls: int = 5, rounds: int = 3) -> float:
+    """GPU milliseconds of one `fn()`, replayed from a CUDA graph of `calls` calls (as a decode
+    step replays it: no launch overhead), best of `rounds`."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # compile and warm up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    best = float("inf")
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / calls)
     return best

@@ -1,16 +1,18 @@
 """Rotary position embedding, neox / rotate_half style (as HF Llama), applied in place.
 
-For a head vector x of size D (rotary_dim == head_dim), with x1 = x[:D/2], x2 = x[D/2:] and
+For a head vector x of size D whose first R = rotary_dim dims rotate (R == D, or R < D for
+partial rotary embeddings such as Phi-4-mini's), with x1 = x[:R/2], x2 = x[R/2:R] and
 (cos, sin) = cos_sin_cache[position] split in halves:
-    out1 = x1 * cos - x2 * sin,   out2 = x2 * cos + x1 * sin
-which equals HF's `x * cat(cos, cos) + rotate_half(x) * cat(sin, sin)`.
+    out1 = x1 * cos - x2 * sin,   out2 = x2 * cos + x1 * sin,   out[R:] = x[R:]
+which equals HF's `x_rot * cat(cos, cos) + rotate_half(x_rot) * cat(sin, sin)` (x_rot = x[:R]) with
+x[R:] passed through.
 
 Layouts:
     positions: [T] int32/int64
     q: [T, H, D], k: [T, kvH, D] fp32/bf16/fp16, last dim contiguous (views of a fused qkv are
        fine); both rotated in place.
-    cos_sin_cache: [max_pos, D] fp32, row p = [cos(p * inv_freq), sin(p * inv_freq)], inv_freq
-       of length D/2 (see `build_cos_sin_cache`).
+    cos_sin_cache: [max_pos, R] fp32, row p = [cos(p * inv_freq), sin(p * inv_freq)], inv_freq
+       of length R/2 (see `build_cos_sin_cache`); its width is the rotary_dim.
 
 `rotary_store_kv` also writes the rotated k and v into the paged KV pool (store_kv.py's layouts and
 dtypes, FP8 pools included) in the same kernel: one launch per layer instead of two. Into an FP8
@@ -45,17 +47,18 @@ def build_cos_sin_cache(inv_freq: torch.Tensor, max_position: int) -> torch.Tens
 
 
 def _rotate_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
+    half = cos.shape[-1]
     xf = x.float()
-    x1, x2 = xf[..., :half], xf[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+    x1, x2, rest = xf[..., :half], xf[..., half : 2 * half], xf[..., 2 * half :]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], dim=-1).to(x.dtype)
 
 
 def rotary_embedding_ref(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
 ) -> None:
-    """Reference: rotates q and k in place (fp32 math, one rounding)."""
-    half = q.shape[-1] // 2
+    """Reference: rotates q and k in place (fp32 math, one rounding); dims past the cache's
+    width (the rotary_dim) pass through."""
+    half = cos_sin_cache.shape[-1] // 2
     cs = cos_sin_cache[positions.long()].float()  # [T, D]
     cos, sin = cs[:, None, :half], cs[:, None, half:]
     q.copy_(_rotate_ref(q, cos, sin))
@@ -110,7 +113,7 @@ def _cos_sin(Cache, pos, stride_c, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr)
     return cos, tl.load(row + HALF, mask=mask_d, other=0.0).to(tl.float32)
 
 
-@jit
+@jit(do_not_specialize=("Pos", "Loc"))  # NOTE: rows of packed inputs: alignment follows the batch
 def _rope_kernel(
     Pos,
     Q,
@@ -139,6 +142,7 @@ def _rope_kernel(
     HALF: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    BLOCK_PASS: tl.constexpr,
     BLOCK_HQ: tl.constexpr,
     BLOCK_HK: tl.constexpr,
     STORE_KV: tl.constexpr,
@@ -148,8 +152,9 @@ def _rope_kernel(
     FP8_EMULATE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    # One program per token: q and k rotated in place; with STORE_KV the rotated k and v are
-    # also written into the pool at the token's slot (V, KBuf, VBuf, Loc unused otherwise).
+    # One program per token: q and k rotated in place (their first 2 * HALF dims; the others pass
+    # through); with STORE_KV the rotated k and v are also written into the pool at the token's
+    # slot (V, KBuf, VBuf, Loc unused otherwise).
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(Pos + t).to(tl.int64)
     if STORE_KV:
@@ -177,6 +182,15 @@ def _rope_kernel(
         else:
             _store_heads(kb_row, stride_kbh, k1, k2, mask_k, HALF, BLOCK_HALF, BLOCK_HK)
         offs_h = tl.arange(0, BLOCK_HK)
+        if 2 * HALF < HEAD_DIM:  # partial rotary: k's unrotated dims go to the pool as they are
+            offs_p = 2 * HALF + tl.arange(0, BLOCK_PASS)
+            mask_p = (offs_h[:, None] < num_k_heads) & (offs_p[None, :] < HEAD_DIM)
+            k_pass = K + t * stride_kt + offs_h[:, None] * stride_kh + offs_p[None, :]
+            kp = tl.load(k_pass, mask=mask_p)
+            if FP8_MAX > 0:
+                kp = quantize_fp8(kp, k_inv_scale, FP8_MAX, FP8_MANT, FP8_TINY, FP8_EMULATE)
+            kp_dst = kb_row + offs_h[:, None] * stride_kbh + offs_p[None, :]
+            tl.store(kp_dst, kp.to(KBuf.dtype.element_ty), mask=mask_p)
         offs_d = tl.arange(0, BLOCK_D)
         mask_v = (offs_h[:, None] < num_k_heads) & (offs_d[None, :] < HEAD_DIM)
         v = tl.load(V + t * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask_v)
@@ -189,7 +203,8 @@ def _rope_kernel(
 def _check(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor) -> None:
     num_tokens, _, head_dim = q.shape
     assert k.shape[0] == num_tokens and k.shape[2] == head_dim and positions.shape == (num_tokens,)
-    assert head_dim % 2 == 0 and cache.shape[1] == head_dim, "rotary_dim must be head_dim"
+    rotary_dim = cache.shape[1]
+    assert rotary_dim % 2 == 0 and 0 < rotary_dim <= head_dim, "rotary_dim: even, <= head_dim"
     assert q.stride(2) == 1 and k.stride(2) == 1 and cache.stride(1) == 1
 
 
@@ -206,7 +221,7 @@ def _launch(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
 ) -> None:
-    half, head_dim = q.shape[2] // 2, q.shape[2]
+    half, head_dim = cache.shape[1] // 2, q.shape[2]
     _rope_kernel[(q.shape[0],)](
         *(positions, q, k, v, cache, k_buffer, v_buffer, loc),
         1.0 / k_scale,
@@ -223,6 +238,7 @@ def _launch(
         HALF=half,
         BLOCK_HALF=next_power_of_2(half),
         BLOCK_D=next_power_of_2(head_dim),
+        BLOCK_PASS=next_power_of_2(max(head_dim - 2 * half, 1)),
         BLOCK_HQ=next_power_of_2(q.shape[1]),
         BLOCK_HK=next_power_of_2(k.shape[1]),
         STORE_KV=store_kv,

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from radixlm.formats.reasoning import MODEL_TYPES
+from radixlm.formats.tools import any_call_schema, function_specs, named_call_schema
 from radixlm.lang.choices import ChoicesSamplingMethod, resolve_choices_method
 from radixlm.lang.errors import UnsupportedFeatureError
 from radixlm.lang.ir import (
@@ -23,7 +25,6 @@ from radixlm.lang.ir import (
     as_expr,
     walk,
 )
-from radixlm.lang.reasoning import MODEL_TYPES
 from radixlm.lang.sampling import (
     SamplingParams,
     check_ebnf,
@@ -32,7 +33,6 @@ from radixlm.lang.sampling import (
     normalize_json_schema,
     normalize_stop,
 )
-from radixlm.lang.tools import any_call_schema, function_specs, named_call_schema
 
 
 def gen(
@@ -68,7 +68,7 @@ def gen(
     the output, and so does `ebnf` (a GBNF `root ::= ...` or Lark `start: ...` grammar; the
     runtime's llguidance grammar backend compiles it); `dtype` (`int`, `float`, `str`, `bool`) is
     a shorthand for SGLang's regexes; `choices` makes this a `select`. `tools` (OpenAI tool
-    objects) makes this a tool call, constrained by the tools' schemas (lang/tools.py): with
+    objects) makes this a tool call, constrained by the tools' schemas (formats/tools.py): with
     `tool_choice="required"` the value is a JSON list `[{"name", "parameters"}, ...]` of calls to
     any of them, with a function's name it is that function's arguments object.
     """
@@ -208,7 +208,7 @@ def video(path: Any, num_frames: int = 0) -> Expr:
 
 def separate_reasoning(expr: Expr, model_type: str) -> ExprList:
     """SGLang's `separate_reasoning(gen("answer"), model_type="qwen3")`: run `expr`, then split the
-    `<think>` section off each named `gen` / `select` in it (lang/reasoning.py): `s["answer"]` and
+    `<think>` section off each named `gen` / `select` in it (formats/reasoning.py): `s["answer"]` and
     the state's text keep the answer, `s["answer_reasoning_content"]` the reasoning."""
     if model_type not in MODEL_TYPES:
         raise ValueError(f"model_type must be one of {sorted(MODEL_TYPES)}, got {model_type!r}")

@@ -1,25 +1,37 @@
 """`ServerArgs`: every knob of the engine and server, with SGLang's names where one exists.
 
 Frozen once built; `Engine(**kwargs)` and `radixlm serve --flags` both end up here. Unknown names
-raise a TypeError naming them; invalid values raise `InvalidRequestError` naming the field.
+raise a TypeError naming them; invalid values raise `InvalidRequestError` naming the field. Names
+of seam implementations are checked against the seams' registries (attention and grammar
+backends; the prefix cache has no name option: `disable_radix_cache` picks its "none" entry).
+
+"None means auto": `resolved()` fills every default that depends on the device (device, attention
+backend, chunk size, memory fraction, max running requests, CUDA-graph batch sizes, CPU threads),
+here and nowhere else. `launch_processes` calls it before any child starts, so every child reads
+the same values; the model runner and the scheduler call it too, for the ones built in-process
+(a no-op on a child's resolved args). What needs the checkpoint or the free memory is derived at load by the model runner:
+`dtype` / `kv_cache_dtype` "auto", `context_length` (the model's) and `max_total_tokens` (what fits),
+and `max_running_requests` is then capped at half the KV pool's tokens.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
+import os
 from dataclasses import dataclass, fields
 from typing import Any
 
+from radixlm.runtime.attention.registry import ATTENTION_BACKENDS
+from radixlm.runtime.constrained.registry import GRAMMAR_BACKENDS
 from radixlm.runtime.errors import InvalidRequestError
 
 SCHEDULE_POLICIES = ("lpm", "fcfs", "random", "lof")
 LOAD_FORMATS = ("auto", "gguf", "safetensors", "dummy")
 DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16", "half", "float")
-ATTENTION_BACKENDS = ("torch", "triton")
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
 QUANTIZATIONS = ("fp8", "gguf")
-GRAMMAR_BACKENDS = ("outlines", "llguidance")  # runtime/constrained/setup.py
 
 
 @dataclass(frozen=True)
@@ -43,11 +55,12 @@ class ServerArgs:
     # gguf: a GGUF file's Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K linear weights stay quantised on CPU and
     # the CPU kernels compute on them (runtime/models/cpu_linear.py); on GPU they load de-quantised.
     quantization: str | None = None
-    # ---- memory and scheduling ----
-    mem_fraction_static: float | None = None  # GPU: fraction of device memory for weights + KV
+    # ---- memory and scheduling ---- (defaults that depend on the device: `resolved()`)
+    # GPU: fraction of device memory for weights + KV (None: 0.85)
+    mem_fraction_static: float | None = None
     max_total_tokens: int | None = None  # KV pool size in tokens (CPU default: 65536)
     kv_cache_dtype: str = "auto"  # auto: the model dtype; fp8_e4m3 / fp8_e5m2 halve KV bytes
-    max_running_requests: int | None = None
+    max_running_requests: int | None = None  # None: 512 on GPU, 128 on CPU (capped by the pool)
     max_queued_requests: int | None = None
     max_prefill_tokens: int = 16384
     chunked_prefill_size: int | None = None  # None: 8192 on GPU, 2048 on CPU; -1 disables
@@ -61,7 +74,7 @@ class ServerArgs:
     # ---- kernels ----
     attention_backend: str | None = None  # None: triton on GPU, torch on CPU
     disable_cuda_graph: bool = False
-    cuda_graph_max_bs: int | None = None
+    cuda_graph_max_bs: int | None = None  # None: 256 (capped by max running requests)
     num_threads: int | None = None  # CPU: torch intra-op threads (None: all cores)
     # ---- constrained decoding ----
     grammar_backend: str = "outlines"
@@ -81,6 +94,8 @@ class ServerArgs:
     max_request_body_bytes: int = 8 * 1024 * 1024
     shutdown_timeout: float = 30.0
     watchdog_timeout: float = 300.0
+    # ---- parallelism ----
+    dp_size: int = 1  # `radixlm serve`: replicas behind one endpoint and the router (router/dp.py)
 
     def __post_init__(self) -> None:
         if self.load_format not in LOAD_FORMATS:
@@ -99,10 +114,8 @@ class ServerArgs:
             raise InvalidRequestError(
                 f"quantization must be one of {QUANTIZATIONS} or None", "quantization"
             )
-        if self.attention_backend not in (None, *ATTENTION_BACKENDS):
-            raise InvalidRequestError(
-                f"attention_backend must be one of {ATTENTION_BACKENDS}", "attention_backend"
-            )
+        if self.attention_backend is not None:
+            ATTENTION_BACKENDS.check(self.attention_backend, "attention_backend")
         if self.mem_fraction_static is not None and not 0.05 <= self.mem_fraction_static <= 0.99:
             raise InvalidRequestError(
                 "mem_fraction_static must be in [0.05, 0.99]", "mem_fraction_static"
@@ -124,11 +137,7 @@ class ServerArgs:
             raise InvalidRequestError(
                 "chunked_prefill_size must be >= 1 or -1", "chunked_prefill_size"
             )
-        if self.grammar_backend not in GRAMMAR_BACKENDS:
-            raise InvalidRequestError(
-                f"grammar_backend must be one of {GRAMMAR_BACKENDS}, got {self.grammar_backend!r}",
-                "grammar_backend",
-            )
+        GRAMMAR_BACKENDS.check(self.grammar_backend, "grammar_backend")
         for name in ("request_timeout", "queue_timeout", "grammar_compile_timeout"):
             value = getattr(self, name)
             if value is not None and not value > 0:  # NOTE: also rejects NaN
@@ -148,6 +157,8 @@ class ServerArgs:
             )
         if self.stream_interval < 1:
             raise InvalidRequestError("stream_interval must be >= 1", "stream_interval")
+        if not isinstance(self.dp_size, int) or self.dp_size < 1:
+            raise InvalidRequestError("dp_size must be a positive integer", "dp_size")
         if not 0 < self.port < 65536:
             raise InvalidRequestError("port must be in 1..65535", "port")
 
@@ -161,6 +172,25 @@ class ServerArgs:
 
     def replace(self, **changes: Any) -> ServerArgs:
         return dataclasses.replace(self, **changes)
+
+    # ---- "None means auto" ----------------------------------------------------------------------
+    def resolved(self) -> ServerArgs:
+        """A copy with every device-dependent default filled in (see the module docstring);
+        idempotent. Explicit values are kept; -1 still disables chunked prefill."""
+        device = self.device or default_device()
+        cuda = device.split(":")[0] == "cuda"
+        threads = self.num_threads
+        if not cuda and not threads:
+            threads = len(os.sched_getaffinity(0))  # all the cores this process may use
+        return self.replace(
+            device=device,
+            attention_backend=self.attention_backend or ("triton" if cuda else "torch"),
+            chunked_prefill_size=self.chunked_prefill_size or (8192 if cuda else 2048),
+            mem_fraction_static=self.mem_fraction_static or (0.85 if cuda else None),
+            max_running_requests=self.max_running_requests or (512 if cuda else 128),
+            cuda_graph_max_bs=self.cuda_graph_max_bs or (256 if cuda else None),
+            num_threads=threads,
+        )
 
     # ---- CLI ----------------------------------------------------------------------------------
     @staticmethod
@@ -191,7 +221,21 @@ _HELP = {
     "queue_timeout": "seconds a request may wait before it starts; after it 429 (shed)",
     "max_request_body_bytes": "larger request bodies get 413",
     "shutdown_timeout": "seconds in-flight requests get to finish on SIGTERM/SIGINT",
+    "dp_size": "replicas (each its own engine) behind one endpoint, routed cache-aware",
 }
+
+
+def default_device() -> str:
+    """ "cuda" when torch sees a CUDA device, else "cpu". A CPU-only torch build (version "+cpu")
+    answers without importing torch: the user's process never needs it otherwise (~1.5 s here)."""
+    try:
+        if "+cpu" in importlib.metadata.version("torch"):
+            return "cpu"
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _cli_type(annotation: Any) -> type:

@@ -33,11 +33,16 @@ class ServerProcess:
     """`python -m radixlm.runtime.server.launch_server` (default model) on a free loopback port."""
 
     def __init__(
-        self, *extra: str, api_key: str | None = None, command: list[str] | None = None
+        self,
+        *extra: str,
+        api_key: str | None = None,
+        command: list[str] | None = None,
+        port: int | None = None,
     ) -> None:
         """`command` replaces `python -m radixlm.runtime.server.launch_server` (e.g. the
-        `radixlm serve` console script)."""
-        self.port = free_port()
+        `radixlm serve` console script); `port` (default: a free one) lets a test restart a
+        server where it was."""
+        self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
         self.log_file = tempfile.NamedTemporaryFile("w+", prefix="radixlm-server-", suffix=".log")  # noqa: SIM115

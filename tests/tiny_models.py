@@ -44,6 +44,22 @@ TINY: dict[str, dict[str, Any]] = {
         "mlp_only_layers": [1],  # one dense layer among sparse ones
         "decoder_sparse_step": 1,
     },
+    "qwen2_moe": {
+        **_BASE,
+        "model_type": "qwen2_moe",
+        "architectures": ["Qwen2MoeForCausalLM"],
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 48,
+        "norm_topk_prob": False,
+        "mlp_only_layers": [3],
+        "decoder_sparse_step": 1,
+        "qkv_bias": True,
+        "use_sliding_window": True,
+        "sliding_window": WINDOW,
+        "max_window_layers": 3,  # transformers' rule: layers 0 and 2 windowed
+    },
     "mixtral": {
         **_BASE,
         "model_type": "mixtral",
@@ -90,6 +106,21 @@ TINY: dict[str, dict[str, Any]] = {
             "long_factor": [1.5 + 0.25 * i for i in range(8)],
         },
         "sliding_window": None,
+    },
+    # Phi-4-mini: partial rotary (its 96 of 128 dims; here 12 of 16), LongRoPE over those dims
+    "phi4_mini": {
+        **_BASE,
+        "model_type": "phi3",
+        "architectures": ["Phi3ForCausalLM"],
+        "partial_rotary_factor": 0.75,
+        "original_max_position_embeddings": 64,
+        "rope_scaling": {
+            "type": "longrope",
+            "short_factor": [1.0 + 0.1 * i for i in range(6)],
+            "long_factor": [1.5 + 0.25 * i for i in range(6)],
+        },
+        "sliding_window": None,
+        "tie_word_embeddings": True,
     },
 }
 

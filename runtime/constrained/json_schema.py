@@ -16,9 +16,9 @@ import json
 import re
 from typing import Any
 
-from radixlm.runtime.constrained import num_range
 from radixlm.runtime.constrained.json_schema_formats import OWN_FORMATS, SUPPORTED_FORMATS
 from radixlm.runtime.constrained.json_schema_refs import check_refs
+from radixlm.runtime.constrained.num_range import integer_bounds, integer_regex, number_regex
 from radixlm.runtime.constrained.regex_python import translate
 from radixlm.runtime.errors import GrammarError
 
@@ -207,14 +207,14 @@ class _Rewriter:
         kind = types
         # NOTE: plain integers/numbers too: outlines-core's are unbounded in length.
         if kind == "integer":
-            lo, hi = num_range.integer_bounds(node)
+            lo, hi = integer_bounds(node)
             try:
-                return self.marker(num_range.integer_regex(lo, hi))
+                return self.marker(integer_regex(lo, hi))
             except ValueError as exc:
                 raise _fail(f"integer bounds at {path or '/'}: {exc}") from None
         if kind == "number":
             try:
-                return self.marker(num_range.number_regex(node))
+                return self.marker(number_regex(node))
             except ValueError as exc:
                 raise _fail(f"unsupported JSON-schema feature: {exc} at {path or '/'}") from None
         if kind == "string":

@@ -83,7 +83,7 @@ class GrammarManager:
         cached = getattr(self.compiler, "cached", None)
         grammar = cached(spec) if cached is not None else None
         if grammar is not None:
-            return wrap_for_reasoning(grammar, req.sampling_params)
+            return wrap_for_reasoning(grammar, req.sampling_params, self._vocab())
         job = self._inflight.get(spec)
         if job is None:
             if self._pool is None:
@@ -100,6 +100,10 @@ class GrammarManager:
     def _compile(compiler: GrammarCompiler, spec: GrammarSpec, job: _Job) -> Grammar:
         job.started = time.monotonic()  # NOTE: a float store: atomic, read by the loop thread
         return compiler.compile(spec)
+
+    def _vocab(self) -> Any:
+        """The compiler's `TokenVocab` (reasoning markers are matched on its bytes), if any."""
+        return getattr(self.compiler, "vocab", None)
 
     def poll(self) -> tuple[list[Any], list[tuple[Any, str]]]:
         """(requests whose `grammar` is now set, [(request, error message)]) since the last poll."""
@@ -119,7 +123,9 @@ class GrammarManager:
                     # NOTE: the future's grammar is shared by every request of this compile;
                     # each request gets its own copy (the template is never advanced).
                     # A reasoning request's grammar starts after its `</think>` (reasoning.py).
-                    p.req.grammar = wrap_for_reasoning(template.copy(), p.req.sampling_params)
+                    p.req.grammar = wrap_for_reasoning(
+                        template.copy(), p.req.sampling_params, self._vocab()
+                    )
                     ready.append(p.req)
                 else:
                     failed.append((p.req, _message(p.spec, exc)))

@@ -1,20 +1,24 @@
 """`ModelRunner`: owns the model, the KV pool, the `req_to_token` table and the attention backend.
 
-The scheduler hands it a `ForwardBatch` and gets float32 logits for the batch's `logits_indices`
-rows; it never touches model tensors itself. One runner per scheduler process; not thread-safe.
+Built by the scheduler process (scheduler/process.py) and passed to the `Scheduler`. The
+scheduler's step path (scheduler/step.py) hands it a `ForwardBatch` and gets the final hidden
+states of the batch's `logits_indices` rows (`forward`), then float32 logits of the rows it
+samples (`compute_logits`); decode batches assemble their inputs in `decode_input_buffer`. The
+scheduler reaches the model's tensors only through these calls. One runner per scheduler process;
+not thread-safe.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 
 import psutil
 import torch
 
 from radixlm.kernels.decode_inputs import DECODE_INPUT_ROWS
 from radixlm.runtime.attention.base import AttentionBackend, layer_attention
+from radixlm.runtime.attention.registry import ATTENTION_BACKENDS
 from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.mem.kv_pool import KVPool, ReqToTokenPool
@@ -91,12 +95,12 @@ def _default_dtype(dtype: torch.dtype):
 
 class ModelRunner:
     def __init__(self, args: ServerArgs, source: ModelSource) -> None:
-        self.args = args
+        self.args = args = args.resolved()  # NOTE: a no-op in a child (launch resolved them)
         self.config = source.config
         self.device = resolve_device(args.device)
         self.dtype = resolve_dtype(args.dtype, self.device, self.config.torch_dtype)
         if self.device.type == "cpu":
-            torch.set_num_threads(args.num_threads or len(os.sched_getaffinity(0)))
+            torch.set_num_threads(args.num_threads)
         elif self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         if args.random_seed is not None:
@@ -123,7 +127,7 @@ class ModelRunner:
         if self.device.type == "cuda" and not args.disable_cuda_graph:
             from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 
-            max_bs = min(args.cuda_graph_max_bs or 256, self.max_running)
+            max_bs = min(args.cuda_graph_max_bs, self.max_running)
             self.graphs = CudaGraphRunner(self.model, self.attn, max_bs, self.device)
         if self.device.type == "cuda":
             self._warm_extend()
@@ -191,7 +195,7 @@ class ModelRunner:
         if self.args.max_total_tokens is not None:
             tokens = self.args.max_total_tokens
         elif self.device.type == "cuda":
-            fraction = self.args.mem_fraction_static or 0.85
+            fraction = self.args.mem_fraction_static
             total = torch.cuda.get_device_properties(self.device).total_memory
             # NOTE: keep room outside the fraction for activations, logits and CUDA graphs
             # (their memory pool is allocated after the KV pool, out of the remaining share).
@@ -202,10 +206,7 @@ class ModelRunner:
             tokens = min(CPU_DEFAULT_KV_TOKENS, ram_cap)
         if tokens < 64:
             raise MemoryError(f"only {tokens} KV tokens fit; lower the model size or raise memory")
-        self.max_running = self.args.max_running_requests or (
-            512 if self.device.type == "cuda" else 128
-        )
-        self.max_running = max(1, min(self.max_running, tokens // 2))
+        self.max_running = max(1, min(self.args.max_running_requests, tokens // 2))
         logger.info(
             "KV pool: %d tokens (%.2f GB, %s, kv_cache_dtype=%s); max running requests %d; "
             "context %d",
@@ -237,29 +238,23 @@ class ModelRunner:
         return kv, req_to_token
 
     def _make_attention_backend(self) -> AttentionBackend:
-        name = self.args.attention_backend or ("triton" if self.device.type == "cuda" else "torch")
         cfg = self.config
         shape = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
-        if name == "triton":
-            from radixlm.runtime.attention.triton_backend import TritonAttnBackend
-
-            backend: AttentionBackend = TritonAttnBackend(self.kv_pool, self.req_to_token, *shape)
-        else:
-            from radixlm.runtime.attention.torch_backend import TorchAttnBackend
-
-            backend = TorchAttnBackend(self.kv_pool, self.req_to_token, *shape)
+        cls = ATTENTION_BACKENDS.load(self.args.attention_backend)
+        backend: AttentionBackend = cls(self.kv_pool, self.req_to_token, *shape)
         backend.set_layer_attention(layer_attention(cfg))  # windows, soft caps, scales
         return backend
 
     def _warm_extend(self) -> None:
         """Compile the extend path's kernels now, not on the first request (runtime/executor/warmup.py)."""
-        from radixlm.runtime.executor.warmup import extend_shapes, warm_extend
+        from radixlm.runtime.executor.warmup import extend_shapes, warm_decode_inputs, warm_extend
 
-        chunk = self.args.chunked_prefill_size or 8192
+        chunk = self.args.chunked_prefill_size
         chunk = self.args.max_prefill_tokens if chunk == -1 else chunk
         capacity = self.kv_pool.allocator.available()
         shapes = extend_shapes(chunk, self.max_running, capacity, self.req_to_token.table.shape[1])
         seconds = warm_extend(self, shapes)
+        warm_decode_inputs(self)
         logger.info("extend warm-up: %d shapes in %.2f s of start-up", len(shapes), seconds)
 
     # ---- forward -------------------------------------------------------------------------------

@@ -6,7 +6,10 @@ CUDA-graph capture already warms decode; `warm_extend(runner, shapes)` runs one 
 the logits and an argmax for each shape of `extend_shapes(...)` on throw-away KV slots, and
 returns the seconds it took (logged by the caller). The shapes cover: one short prompt (odd
 length), one with a cached prefix, a batch of mid-size prompts, and one chunk of the maximum
-chunked-prefill size (the largest extend a server runs).
+chunked-prefill size (the largest extend a server runs). Each forward's logits go through the
+sampler's own argmax (a Triton kernel on GPU), and `warm_decode_inputs` compiles both variants
+of the decode-input kernel (host ids or the overlapped step's device ids): the first batch after
+start-up then compiles nothing (measured on the H200: docs/benchmarks.md, run 50).
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from radixlm.kernels.decode_inputs import decode_inputs
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
+from radixlm.runtime.sampling.sampler import argmax
 
 if TYPE_CHECKING:
     from radixlm.runtime.executor.model_runner import ModelRunner
@@ -71,9 +76,25 @@ def warm_extend(runner: ModelRunner, shapes: list[ExtendShape]) -> float:
                 t(rows), t([total] * b), [total] * b, [shape.prefix] * b, [n] * b,
                 t([shape.prefix] * b), t([n] * b), t([i * n for i in range(b)]), t(ends), ends,
             )  # fmt: skip
-            runner.compute_logits(runner.forward(batch)).argmax(-1).tolist()
+            argmax(runner.compute_logits(runner.forward(batch))).tolist()
         finally:
             runner.kv_pool.allocator.free(slots)
             for row in rows:
                 runner.req_to_token.free(row)
     return time.perf_counter() - start
+
+
+@torch.inference_mode()
+def warm_decode_inputs(runner: ModelRunner) -> None:
+    """Run the decode-input kernel (CUDA only) once per variant on a throw-away row and slot."""
+    row = runner.req_to_token.alloc()
+    slots = runner.kv_pool.allocator.alloc(1)
+    try:
+        cols = torch.tensor([[row], [0], [1]], dtype=torch.int64, device=runner.device)
+        table, out = runner.req_to_token.table, runner.decode_input_buffer(1)
+        decode_inputs(cols, None, slots, table, out)  # ids from the host
+        decode_inputs(cols[:2].contiguous(), cols[2].contiguous(), slots, table, out)  # overlap
+        torch.cuda.synchronize(runner.device)
+    finally:
+        runner.kv_pool.allocator.free(slots)
+        runner.req_to_token.free(row)

@@ -181,14 +181,17 @@ class Engine:
         """Generate for one prompt (a dict) or a batch (a list of dicts). `n > 1` in
         `sampling_params` returns a list of n results per prompt. With `stream=True`, returns
         an iterator of chunks whose `text` is cumulative (batch chunks carry `index`)."""
-        batch = self._normalize(
+        batch = request_batch.expand_request(
             prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
             top_logprobs_num, return_text_in_logprobs, stream, rid,
         )  # fmt: skip
         loop = self._require_loop()
+        tm = self.tokenizer_manager
         if stream:
-            return self._sync_stream(batch)
-        return _wait(loop.submit(self._collect(batch)))
+            return _SyncStream(self, request_batch.stream(tm, batch))
+        return request_batch.group_results(
+            batch, _wait(loop.submit(request_batch.collect(tm, batch)))
+        )
 
     async def async_generate(
         self,
@@ -202,27 +205,17 @@ class Engine:
         stream: bool = False,
         rid: str | list[str] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
-        batch = self._normalize(
+        batch = request_batch.expand_request(
             prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
             top_logprobs_num, return_text_in_logprobs, stream, rid,
         )  # fmt: skip
         loop = self._require_loop()
         if stream:
             return self._async_stream(batch)
-        return await asyncio.wrap_future(loop.submit(self._collect(batch)))
-
-    def _normalize(self, *args: Any) -> RequestBatch:
-        return request_batch.expand_request(*args)
-
-    async def _collect(self, batch: RequestBatch) -> Any:
-        results = await request_batch.collect(self.tokenizer_manager, batch)
-        return request_batch.group_results(batch, results)
-
-    def _stream_all(self, batch: RequestBatch) -> AsyncIterator[dict]:
-        return request_batch.stream(self.tokenizer_manager, batch)
-
-    def _sync_stream(self, batch: RequestBatch) -> Iterator[dict]:
-        return _SyncStream(self, self._stream_all(batch))
+        flat = await asyncio.wrap_future(
+            loop.submit(request_batch.collect(self.tokenizer_manager, batch))
+        )
+        return request_batch.group_results(batch, flat)
 
     def _live_loop(self) -> _LoopThread:
         """The loop, or RequestAbortedError once shut down (a stream read then must not hang)."""
@@ -231,7 +224,8 @@ class Engine:
         return self._loop
 
     async def _async_stream(self, batch: RequestBatch) -> AsyncIterator[dict]:
-        agen = self._stream_all(batch)
+        """The loop's stream, read from the caller's loop (each read is a hop to ours)."""
+        agen = request_batch.stream(self.tokenizer_manager, batch)
         try:
             while True:
                 try:

@@ -1,9 +1,14 @@
 """Expanding one generate call (a prompt or a batch of prompts, each with `n` samples) into single
-`GenerateInput`s, and running them on a `TokenizerManager`: shared by `Engine` and the HTTP server.
+`GenerateInput`s, and running them on a `TokenizerManager`: the one request path, shared by
+`Engine` and the HTTP server.
 
     batch = expand_request(prompt=["a", "b"], sampling_params={"n": 2, "max_new_tokens": 8})
+    batch = validate(tm, batch)                 # optional: each sub-request validated+tokenized once
     results = await collect(tm, batch)          # flat: prompt-major, n samples each (SGLang's order)
     async for chunk in stream(tm, batch): ...   # chunks of a batch carry "index" (flat position)
+
+`collect` and `stream` validate a batch that is not validated yet; a validated batch carries its
+`PreparedReq`s (the typed messages for the scheduler), so nothing is validated or tokenized twice.
 
 Threading: the coroutines run on the TokenizerManager's event loop. Ownership: a `RequestBatch`
 is immutable; every request it starts is aborted if the caller goes away (cancellation, closing
@@ -14,12 +19,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from radixlm.runtime.errors import InvalidRequestError
-from radixlm.runtime.frontend.tokenizer_manager import GenerateInput, TokenizerManager
+from radixlm.runtime.frontend.prepare import GenerateInput, PreparedReq
+from radixlm.runtime.frontend.tokenizer_manager import TokenizerManager
+from radixlm.runtime.sampling.sampling_params import SamplingParams
 
 MAX_N = 128
 
@@ -28,6 +39,7 @@ MAX_N = 128
 class RequestBatch:
     groups: list[list[GenerateInput]]  # per prompt, its n sub-requests
     batched: bool  # the prompt was a list (the caller expects a list back)
+    prepared: tuple[PreparedReq, ...] | None = None  # per `flat` entry; set by `validate`
 
     @property
     def flat(self) -> list[GenerateInput]:
@@ -129,13 +141,23 @@ def expand_request(
     return RequestBatch(groups, batched)
 
 
-def validate(tm: TokenizerManager, batch: RequestBatch) -> None:
-    """Validate every sub-request, and check that all of them fit in the queue, before any of
-    them runs (raises the first error)."""
-    flat = batch.flat
-    for sub in flat:
-        tm.validate(sub)
-    tm.check_queue(len(flat))
+def validate(tm: TokenizerManager, batch: RequestBatch) -> RequestBatch:
+    """The batch with every sub-request validated and tokenized (`prepared`), once all of them
+    are valid and fit in the queue: nothing runs before that (raises the first error). A
+    prompt's text is tokenized once: its other `n - 1` samples reuse the first one's ids."""
+    if batch.prepared is not None:
+        return batch
+    prepared: list[PreparedReq] = []
+    for first, *others in batch.groups:
+        head = tm.prepare(first)
+        ids = head.msg.input_ids
+        prepared.append(head)
+        # NOTE: the samples differ from the first only in rid and seed (expand_request)
+        prepared.extend(
+            tm.prepare(dataclasses.replace(sub, text=None, input_ids=ids)) for sub in others
+        )
+    tm.check_queue(len(prepared))
+    return dataclasses.replace(batch, prepared=tuple(prepared))
 
 
 def group_results(batch: RequestBatch, flat: list[dict[str, Any]]) -> Any:
@@ -149,9 +171,14 @@ def group_results(batch: RequestBatch, flat: list[dict[str, Any]]) -> Any:
 
 
 async def run_one(tm: TokenizerManager, req: GenerateInput) -> dict[str, Any]:
-    """Run one request to completion; its final result."""
+    """Validate and run one request to completion; its final result."""
+    return await run_prepared(tm, tm.prepare(req))
+
+
+async def run_prepared(tm: TokenizerManager, req: PreparedReq) -> dict[str, Any]:
+    """Run one prepared request to completion; its final result."""
     final = None
-    async with contextlib.aclosing(tm.generate(req)) as agen:
+    async with contextlib.aclosing(tm.submit(req)) as agen:
         async for chunk in agen:
             final = chunk
     assert final is not None
@@ -159,26 +186,32 @@ async def run_one(tm: TokenizerManager, req: GenerateInput) -> dict[str, Any]:
 
 
 async def prefill_shared_prompts(tm: TokenizerManager, batch: RequestBatch) -> None:
-    """n > 1: prefill each prompt once (max_new_tokens=0) so its n samples share the KV."""
+    """n > 1: prefill each (validated) prompt once (max_new_tokens=0) so its n samples share the
+    KV. The prompt's ids are reused: the warm-up is not tokenized again."""
     if tm.args.disable_radix_cache:
         return
-    warmups = [
-        GenerateInput(
-            text=subs[0].text, input_ids=subs[0].input_ids, sampling_params={"max_new_tokens": 0}
-        )
-        for subs in batch.groups
-        if len(subs) > 1
-    ]
+    assert batch.prepared is not None
+    warmups, pos = [], 0
+    for subs in batch.groups:
+        if len(subs) > 1:
+            first = batch.prepared[pos].msg
+            msg = msgspec.structs.replace(
+                first, rid=uuid.uuid4().hex, sampling_params=SamplingParams(max_new_tokens=0),
+                return_logprob=False, logprob_start_len=-1, top_logprobs_num=0, stream=False,
+            )  # fmt: skip
+            warmups.append(PreparedReq(msg))
+        pos += len(subs)
     if warmups:
-        await _gather_or_cancel([run_one(tm, w) for w in warmups])
+        await _gather_or_cancel([run_prepared(tm, w) for w in warmups])
 
 
 async def collect(tm: TokenizerManager, batch: RequestBatch) -> list[dict[str, Any]]:
     """Run every sub-request to completion; the final results, flat, in order. On the first
     error (or cancellation) the others are cancelled, which aborts them."""
-    validate(tm, batch)
+    batch = validate(tm, batch)
+    assert batch.prepared is not None
     await prefill_shared_prompts(tm, batch)
-    return await _gather_or_cancel([run_one(tm, r) for r in batch.flat])
+    return await _gather_or_cancel([run_prepared(tm, r) for r in batch.prepared])
 
 
 async def _gather_or_cancel(coros: list[Any]) -> list[Any]:
@@ -193,19 +226,20 @@ async def _gather_or_cancel(coros: list[Any]) -> list[Any]:
 async def stream(tm: TokenizerManager, batch: RequestBatch) -> AsyncIterator[dict[str, Any]]:
     """Stream chunks (cumulative text per sub-request) as they come. Chunks of a batch (or n > 1)
     carry `index`, the sub-request's flat position. Closing the iterator aborts what still runs."""
-    flat = batch.flat
-    validate(tm, batch)
+    batch = validate(tm, batch)
+    flat = batch.prepared
+    assert flat is not None
     await prefill_shared_prompts(tm, batch)
     if batch.is_single:
-        async with contextlib.aclosing(tm.generate(flat[0])) as agen:
+        async with contextlib.aclosing(tm.submit(flat[0])) as agen:
             async for chunk in agen:
                 yield chunk
         return
     queue: asyncio.Queue = asyncio.Queue()
 
-    async def pump(index: int, req: GenerateInput) -> None:
+    async def pump(index: int, req: PreparedReq) -> None:
         try:
-            async with contextlib.aclosing(tm.generate(req)) as agen:
+            async with contextlib.aclosing(tm.submit(req)) as agen:
                 async for chunk in agen:
                     queue.put_nowait({**chunk, "index": index})
         except BaseException as exc:  # delivered to the consumer

@@ -1,7 +1,8 @@
 """`TokenizerManager`: the front of the runtime, in the user's process (Engine) or the server.
 
-It validates and tokenizes requests, sends them to the scheduler, and turns the detokenizer's
-text deltas back into results and stream chunks.
+It validates and tokenizes each request once (`prepare`: a `GenerateInput` becomes a
+`PreparedReq`, whose typed `io.GenerateReq` is what crosses to the scheduler), sends it
+(`submit`), and turns the detokenizer's text deltas back into results and stream chunks.
 
 Threading: every method runs on one asyncio event loop (the Engine's background loop thread, or
 the server's uvicorn loop); nothing here is thread-safe. Ownership: a `ReqState` exists from
@@ -14,17 +15,14 @@ import asyncio
 import itertools
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import zmq
 import zmq.asyncio
 
-from radixlm.runtime.constrained.llguidance_specs import check_sampling_params_llguidance
-from radixlm.runtime.constrained.patterns import check_sampling_params
-from radixlm.runtime.constrained.regex_guard import check_regex_size, check_schema_patterns
 from radixlm.runtime.errors import (
     EngineDeadError,
     InvalidRequestError,
@@ -32,11 +30,15 @@ from radixlm.runtime.errors import (
     QueueTimeoutError,
     RequestAbortedError,
     RequestTimeoutError,
-    RequestTooLongError,
+)
+from radixlm.runtime.frontend.prepare import (
+    GenerateInput,
+    PreparedReq,
+    RequestLimits,
+    prepare_request,
 )
 from radixlm.runtime.processes import io
 from radixlm.runtime.processes.ipc import PortArgs, TypedReceiver, send
-from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -71,21 +73,6 @@ class ReqState:
     outcome: str = "running"
 
 
-@dataclass(frozen=True)
-class GenerateInput:
-    """One normalised single request (batches and n > 1 are expanded before this)."""
-
-    text: str | None = None
-    input_ids: list[int] | None = None
-    sampling_params: dict[str, Any] | None = None
-    rid: str | None = None
-    return_logprob: bool = False
-    logprob_start_len: int | None = None
-    top_logprobs_num: int = 0
-    return_text_in_logprobs: bool = False
-    stream: bool = False
-
-
 class TokenizerManager:
     def __init__(
         self,
@@ -101,6 +88,8 @@ class TokenizerManager:
         self.context_len = int(scheduler_info["context_length"])
         self.max_total_tokens = int(scheduler_info["max_total_num_tokens"])
         self.vocab_size = int(scheduler_info["vocab_size"])
+        self.limits = RequestLimits.of(args, self.vocab_size, self.context_len,
+                                       self.max_total_tokens)  # fmt: skip
         self.ctx = zmq.asyncio.Context(1)
         self.recv_sock = self.ctx.socket(zmq.PULL)
         self.recv_sock.setsockopt(zmq.LINGER, 0)
@@ -139,80 +128,12 @@ class TokenizerManager:
         self.ctx.term()
 
     # ---- requests ------------------------------------------------------------------------------
-    def validate(self, req: GenerateInput) -> tuple[list[int], SamplingParams]:
+    def prepare(self, req: GenerateInput) -> PreparedReq:
+        """Validate and tokenize `req`, once (frontend/prepare.py); raises a typed
+        `InvalidRequestError` naming the problem."""
         if self.dead:
             raise EngineDeadError(self.dead)
-        sp = SamplingParams.from_dict(req.sampling_params, self.vocab_size)
-        # Constraints (regex / JSON schema / choices) fail here, before anything is sent.
-        if self.args.grammar_backend == "llguidance":
-            check_sampling_params_llguidance(sp, self.args.constrained_json_whitespace_pattern)
-        else:
-            check_sampling_params(sp, self.args.constrained_json_whitespace_pattern)
-            # NOTE: after the syntax checks; bounds the automaton (regex_guard)
-            if sp.regex:
-                check_regex_size(sp.regex)
-            if sp.json_schema:
-                check_schema_patterns(sp.json_schema)
-        if req.input_ids is not None:
-            ids = req.input_ids
-            if not isinstance(ids, list) or not all(
-                isinstance(t, int) and not isinstance(t, bool) for t in ids
-            ):
-                raise InvalidRequestError("input_ids must be a list of integers", "input_ids")
-            if any(not 0 <= t < self.vocab_size for t in ids):
-                raise InvalidRequestError(
-                    f"input_ids must be within [0, {self.vocab_size})", "input_ids"
-                )
-        elif req.text is not None:
-            if not isinstance(req.text, str):
-                raise InvalidRequestError("text must be a string", "text")
-            if self.tokenizer is None:
-                raise InvalidRequestError(
-                    "text prompts need a tokenizer (skip_tokenizer_init)", "text"
-                )
-            ids = self.tokenizer.encode(req.text)
-        else:
-            raise InvalidRequestError("one of text or input_ids is required", "text")
-        if not ids:
-            raise InvalidRequestError(
-                "the prompt is empty", "text" if req.input_ids is None else "input_ids"
-            )
-        self.check_length(
-            len(ids), sp.max_new_tokens, "text" if req.input_ids is None else "input_ids"
-        )
-        if sp.stop and self.tokenizer is None:
-            raise InvalidRequestError("stop strings need a tokenizer (skip_tokenizer_init)", "stop")
-        if sp.stop_regex and self.tokenizer is None:
-            raise InvalidRequestError(
-                "stop_regex needs a tokenizer (skip_tokenizer_init)", "stop_regex"
-            )
-        lsl = req.logprob_start_len
-        if lsl is not None and (not isinstance(lsl, int) or lsl < -1 or lsl >= len(ids)):
-            raise InvalidRequestError(
-                f"logprob_start_len must be in [-1, {len(ids) - 1}] for this prompt",
-                "logprob_start_len",
-            )
-        top = req.top_logprobs_num
-        if not isinstance(top, int) or not 0 <= top <= 64:
-            raise InvalidRequestError("top_logprobs_num must be in [0, 64]", "top_logprobs_num")
-        return ids, sp
-
-    def check_length(self, prompt_len: int, max_new_tokens: int, prompt_field: str) -> None:
-        """The length guard: prompt + max_new_tokens must fit the context length and the KV pool
-        (`max_total_tokens` is the pool size, as in SGLang). Raises RequestTooLongError naming
-        the limit that is exceeded (HTTP 400, code context_length_exceeded)."""
-        total = prompt_len + max_new_tokens
-        limits = (
-            (self.context_len, "the context length limit", "context_length"),
-            (self.max_total_tokens, "the KV pool limit", "max_total_tokens"),
-        )
-        for limit, what, flag in limits:
-            if total > limit:
-                raise RequestTooLongError(
-                    f"the prompt has {prompt_len} tokens and max_new_tokens is {max_new_tokens}: "
-                    f"together ({total}) they exceed {what} of {limit} tokens ({flag})",
-                    "max_new_tokens" if prompt_len < limit else prompt_field,
-                )
+        return prepare_request(req, self.limits, self.tokenizer)
 
     def check_queue(self, incoming: int = 1) -> None:
         """Raise QueueFullError unless `incoming` more requests fit under max_queued_requests."""
@@ -220,29 +141,21 @@ class TokenizerManager:
         if limit is not None and len(self.states) + incoming > limit:
             raise QueueFullError(f"too many requests in flight (max_queued_requests={limit})")
 
-    async def generate(self, req: GenerateInput) -> AsyncIterator[dict[str, Any]]:
-        """Run one request; yields stream chunks (cumulative text), the last one final. Without
-        `stream`, yields the final result only."""
-        ids, sp = self.validate(req)
+    def generate(self, req: GenerateInput) -> AsyncIterator[dict[str, Any]]:
+        """`submit(prepare(req))`: validation errors are raised here, before anything runs."""
+        return self.submit(self.prepare(req))
+
+    async def submit(self, req: PreparedReq) -> AsyncIterator[dict[str, Any]]:
+        """Run one prepared request; yields stream chunks (cumulative text), the last one final.
+        Without `stream`, yields the final result only."""
         self.check_queue()
-        rid = req.rid or uuid.uuid4().hex
+        rid = req.msg.rid
         if rid in self.states:
             raise InvalidRequestError(f"duplicate request id {rid!r}", "rid")
-        state = ReqState(rid, ids, req.return_text_in_logprobs, stream=req.stream)
+        stream = req.msg.stream
+        state = ReqState(rid, req.msg.input_ids, req.return_text_in_logprobs, stream=stream)
         self.states[rid] = state
-        lsl = req.logprob_start_len
-        if req.return_logprob and lsl is None:
-            lsl = len(ids) - 1  # SGLang's default: no input logprobs beyond the last position
-        msg = io.GenerateReq(
-            rid=rid,
-            input_ids=ids,
-            sampling_params=sp.to_dict(),
-            return_logprob=req.return_logprob,
-            logprob_start_len=lsl if req.return_logprob else -1,
-            top_logprobs_num=req.top_logprobs_num if req.return_logprob else 0,
-            stream=req.stream,
-            arrival_time=time.time(),
-        )
+        msg = msgspec.structs.replace(req.msg, arrival_time=time.time())
         timeout = self.args.request_timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         send(self.send_sock, msg)  # type: ignore[arg-type]
@@ -266,7 +179,7 @@ class TokenizerManager:
                 if state.finished:
                     yield self._result(state)
                     return
-                if req.stream:
+                if stream:
                     yield self._result(state)
         finally:
             if not state.finished:

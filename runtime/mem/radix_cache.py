@@ -207,7 +207,9 @@ class RadixCache(PrefixCache):
 def make_prefix_cache(
     disable_radix_cache: bool, req_to_token: ReqToTokenPool, allocator: SlotAllocator
 ) -> PrefixCache:
-    from radixlm.runtime.mem.prefix_cache import NoPrefixCache
+    """The scheduler's prefix cache: the `PREFIX_CACHES` entry "none" with `disable_radix_cache`,
+    else "radix"."""
+    from radixlm.runtime.mem.registry import PREFIX_CACHES
 
-    cls = NoPrefixCache if disable_radix_cache else RadixCache
-    return cls(req_to_token, allocator)
+    name = "none" if disable_radix_cache else "radix"
+    return PREFIX_CACHES.load(name)(req_to_token, allocator)

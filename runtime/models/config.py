@@ -45,12 +45,15 @@ class ModelConfig:
     final_logit_softcap: float | None = None
     attn_scale: float | None = None  # None: head_dim ** -0.5 (Gemma: query_pre_attn_scalar)
     rope_local_theta: float | None = None  # rotary base of windowed layers (Gemma 3)
+    # the fraction of each head's dims that rotate (the first ones; Phi-4-mini: 0.75)
+    partial_rotary_factor: float = 1.0
     hidden_act: str = "silu"
     num_experts: int = 0  # mixture-of-experts MLP when > 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = True  # renormalise the top-k routing weights to sum to 1
     moe_layers: tuple[bool, ...] = ()  # per layer: sparse MLP (True) or dense
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's sigmoid-gated shared expert
     hf_config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -64,6 +67,11 @@ class ModelConfig:
     @property
     def kv_size(self) -> int:
         return self.num_key_value_heads * self.head_dim
+
+    @property
+    def rotary_dim(self) -> int:
+        """Dims of each head the rotary embedding rotates (the first ones; the rest pass)."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
@@ -86,13 +94,13 @@ class ModelConfig:
             )
             if kind not in allowed:
                 raise UnsupportedModelError(f"unsupported rope_scaling type {kind!r}")
-        if float(cfg.get("partial_rotary_factor") or 1.0) != 1.0:
-            raise UnsupportedModelError("partial rotary embeddings are not supported")
         window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
         window = int(window) if window else None
         dtype = cfg.get("torch_dtype") or cfg.get("dtype") or "float32"
         scalar = cfg.get("query_pre_attn_scalar") if model_type.startswith("gemma") else None
         experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+        head_dim = int(cfg.get("head_dim") or hidden // heads)
+        partial = _partial_rotary_factor(cfg, head_dim)
         return cls(
             architecture=arch,
             vocab_size=int(cfg["vocab_size"]),
@@ -101,7 +109,7 @@ class ModelConfig:
             num_hidden_layers=layers,
             num_attention_heads=heads,
             num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            head_dim=head_dim,
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=float(rope_theta if rope_theta is not None else 10000.0),
             rope_scaling=rope_scaling,
@@ -109,7 +117,7 @@ class ModelConfig:
             tie_word_embeddings=bool(
                 cfg.get("tie_word_embeddings", model_type.startswith("gemma"))
             ),
-            attention_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
+            attention_bias=_attention_bias(cfg, arch),
             sliding_window=window,
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=eos_ids,
@@ -120,14 +128,16 @@ class ModelConfig:
             final_logit_softcap=_opt_float(cfg.get("final_logit_softcapping")),
             attn_scale=None if scalar is None else float(scalar) ** -0.5,
             rope_local_theta=local_theta,
+            partial_rotary_factor=partial,
             hidden_act=str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"),
             num_experts=experts,
             num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
             moe_intermediate_size=int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"])
             if experts
             else 0,
-            norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+            norm_topk_prob=bool(cfg.get("norm_topk_prob", model_type != "qwen2_moe")),
             moe_layers=_moe_layers(cfg, layers) if experts else (),
+            shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
             hf_config=dict(cfg),
         )
 
@@ -166,6 +176,31 @@ class ModelConfig:
         return out
 
 
+def _attention_bias(cfg: dict[str, Any], arch: str) -> bool:
+    """Qwen2 always has a qkv bias, Qwen2-MoE unless `qkv_bias` is false, others by
+    `attention_bias`."""
+    if arch == "Qwen2ForCausalLM":
+        return True
+    if arch == "Qwen2MoeForCausalLM":
+        return bool(cfg.get("qkv_bias", True))
+    return bool(cfg.get("attention_bias", False))
+
+
+def _partial_rotary_factor(cfg: dict[str, Any], head_dim: int) -> float:
+    """`partial_rotary_factor` (top level, or in transformers 5's `rope_parameters`); its rotary
+    dims must be a positive even number."""
+    params = cfg.get("rope_parameters")
+    nested = params.get("partial_rotary_factor") if isinstance(params, dict) else None
+    factor = float(cfg.get("partial_rotary_factor") or nested or 1.0)
+    rot = int(head_dim * factor)
+    if not 0.0 < factor <= 1.0 or rot <= 0 or rot % 2:
+        raise UnsupportedModelError(
+            f"partial_rotary_factor={factor} gives {rot} rotary dims of head_dim {head_dim}: "
+            "a positive even number is required"
+        )
+    return factor
+
+
 def _opt_float(value: Any) -> float | None:
     return None if value is None else float(value)
 
@@ -195,7 +230,8 @@ def _layer_windows(
 ) -> tuple[int | None, ...]:
     """Per-layer sliding windows from `layer_types` (transformers >= 4.5x), else each
     architecture's rule: Gemma 2 alternates (even layers windowed), Gemma 3 windows all but every
-    `sliding_window_pattern`-th layer, Qwen windows layers >= `max_window_layers`, Mistral /
+    `sliding_window_pattern`-th layer, Qwen windows layers >= `max_window_layers` (Qwen2-MoE:
+    the even layers below it), Mistral /
     Mixtral / Phi-3 every layer."""
     if window is None:
         return ()
@@ -207,6 +243,9 @@ def _layer_windows(
     elif model_type.startswith("gemma3"):
         pattern = int(cfg.get("sliding_window_pattern", 6))
         sliding = [(i + 1) % pattern != 0 for i in range(layers)]
+    elif model_type == "qwen2_moe":  # transformers' rule: even layers below max_window_layers
+        last = int(cfg.get("max_window_layers", 0))
+        sliding = [i % 2 == 0 and i < last for i in range(layers)]
     elif model_type.startswith("qwen"):
         first = int(cfg.get("max_window_layers", 0))
         sliding = [i >= first for i in range(layers)]

@@ -3,8 +3,10 @@
 
 Metadata (`{arch}.` prefix): block_count, embedding_length, feed_forward_length,
 attention.head_count(_kv), attention.key_length, attention.layer_norm_rms_epsilon,
-rope.freq_base, context_length; MoE: expert_count, expert_used_count,
-expert_feed_forward_length, expert_weights_norm; windows: attention.sliding_window,
+rope.freq_base, rope.dimension_count (rotary dims below head_dim: partial rotary, Phi-4-mini),
+context_length; MoE: expert_count, expert_used_count,
+expert_feed_forward_length, expert_weights_norm (default: on, off for qwen2moe as in llama.cpp),
+expert_shared_feed_forward_length (Qwen2-MoE's shared expert); windows: attention.sliding_window,
 attention.sliding_window_pattern (an int period or one bool per layer), rope.freq_base_swa;
 Gemma 2: attn_logit_softcapping, final_logit_softcapping; rope.scaling.{type,factor,
 original_context_length,attn_factor}; Phi-3's LongRoPE factors are the tensors
@@ -12,7 +14,8 @@ original_context_length,attn_factor}; Phi-3's LongRoPE factors are the tensors
 Mixtral comes as `general.architecture = llama` with `llama.expert_count` (and llama's q/k rows
 interleaved for its rotary layout, undone here as for Llama).
 Tensors: llama.cpp stores Gemma's norms as `1 + w` (its converter adds 1): they are read back as w;
-experts as 3-D `ffn_{gate,up,down}_exps` `[E, rows, cols]`, yielded per expert; Phi-3's fused
+experts as 3-D `ffn_{gate,up,down}_exps` `[E, rows, cols]`, yielded per expert (Qwen2-MoE's shared
+expert: `ffn_{gate,up,down}_shexp`, its gate `ffn_gate_inp_shexp`); Phi-3's fused
 `attn_qkv` and `ffn_up` (gate and up) as they are.
 # NOTE: llama.cpp scales Gemma's queries by 1/sqrt(head_dim), except for the 27B models
 # (Gemma 2: 46 layers, Gemma 3: 62 layers), whose `query_pre_attn_scalar` is hidden / heads; no
@@ -27,7 +30,7 @@ from typing import Any
 import torch
 
 from radixlm.runtime.models.config import ModelConfig
-from radixlm.runtime.models.gguf_file import GGUFFile
+from radixlm.runtime.models.gguf_file import GGUFFile, unpermute_rows
 from radixlm.runtime.models.registry import ARCHITECTURES, arch_from_gguf
 
 _COMMON = {
@@ -44,6 +47,10 @@ _COMMON = {
     "ffn_down": "mlp.down_proj",
     "ffn_norm": "post_attention_layernorm",
     "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",  # Qwen2-MoE's shared expert
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
 _GEMMA = {
     **_COMMON,
@@ -93,8 +100,12 @@ def gguf_arch_config(gguf: GGUFFile) -> ModelConfig:
             moe_intermediate_size=int(
                 get("expert_feed_forward_length") or get("feed_forward_length")
             ),
-            norm_topk_prob=bool(get("expert_weights_norm", True)),
+            # NOTE: llama.cpp never renormalises qwen2moe's top-k weights (nor do its checkpoints)
+            norm_topk_prob=bool(get("expert_weights_norm", arch != "qwen2moe")),
         )
+        if get("expert_shared_feed_forward_length"):  # Qwen2-MoE
+            cfg["shared_expert_intermediate_size"] = int(get("expert_shared_feed_forward_length"))
+            cfg["qkv_bias"] = "blk.0.attn_q.bias" in gguf.tensors
         cfg["intermediate_size"] = cfg["intermediate_size"] or cfg["moe_intermediate_size"]
     window = get("attention.sliding_window")
     if window:
@@ -108,6 +119,13 @@ def gguf_arch_config(gguf: GGUFFile) -> ModelConfig:
         cfg["final_logit_softcapping"] = get("final_logit_softcapping")
         if arch == "gemma3":
             cfg["rope_local_base_freq"] = float(get("rope.freq_base_swa", 10000.0))
+    rot = get("rope.dimension_count")
+    if rot and int(rot) < head_dim:  # partial rotary embeddings (Phi-4-mini)
+        factor = int(rot) / head_dim
+        # NOTE: int(head_dim * factor) must give rot back (a float product may land just below)
+        cfg["partial_rotary_factor"] = (
+            factor if int(head_dim * factor) == int(rot) else ((int(rot) + 0.5) / head_dim)
+        )
     kind = get("rope.scaling.type")
     if kind == "linear":
         cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(get("rope.scaling.factor"))}
@@ -162,10 +180,10 @@ def iter_gguf_arch(gguf: GGUFFile, cfg: ModelConfig) -> Iterator[tuple[str, torc
                 for e in range(data.shape[0]):
                     yield f"{prefix}mlp.experts.{e}.{_EXPERTS[part]}.{kind}", data[e]
             elif permute and part in ("attn_q", "attn_k") and kind == "weight":
-                from radixlm.runtime.models.loader import unpermute_rows
-
                 heads = cfg.num_attention_heads if part == "attn_q" else cfg.num_key_value_heads
                 yield f"{prefix}{names[part]}.{kind}", unpermute_rows(data, heads)
+            elif part == "ffn_gate_inp_shexp":  # [hidden] or [1, hidden] in llama.cpp's files
+                yield f"{prefix}{names[part]}.{kind}", data.reshape(1, -1)
             elif phi3 and part == "ffn_up":  # gate and up fused
                 yield f"{prefix}mlp.gate_up_proj.{kind}", data
             else:

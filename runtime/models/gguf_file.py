@@ -191,3 +191,9 @@ def dequantize(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> torch
     from gguf.quants import dequantize as gguf_dequantize
 
     return torch.from_numpy(gguf_dequantize(raw, GGMLQuantizationType(ggml_type)).reshape(shape))
+
+
+def unpermute_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """Undo llama.cpp's q/k row interleave (any trailing shape: values or GGUF block rows)."""
+    rows = w.shape[0]
+    return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)

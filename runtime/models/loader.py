@@ -14,7 +14,7 @@ import torch
 
 from radixlm.runtime.models.config import ModelConfig
 from radixlm.runtime.models.default_model import ModelNotFoundError, default_model_path
-from radixlm.runtime.models.gguf_file import GGUFFile
+from radixlm.runtime.models.gguf_file import GGUFFile, unpermute_rows
 from radixlm.runtime.models.hf_cache import is_repo_id, local_model_path
 from radixlm.runtime.models.presets import PRESETS
 
@@ -150,12 +150,6 @@ def _iter_gguf(gguf: GGUFFile, cfg: ModelConfig) -> Iterator[tuple[str, torch.Te
             raise KeyError(f"unexpected GGUF tensor {name!r}")
 
 
-def unpermute_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
-    """Undo llama.cpp's q/k row interleave (any trailing shape: values or GGUF block rows)."""
-    rows = w.shape[0]
-    return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
-
-
 # ---- safetensors / dummy -------------------------------------------------------------------------
 def _iter_safetensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
     from safetensors import safe_open
@@ -216,6 +210,12 @@ def _iter_dummy(
                 yield p + f"mlp.experts.{e}.gate_proj.weight", rand(e_i, h)
                 yield p + f"mlp.experts.{e}.up_proj.weight", rand(e_i, h)
                 yield p + f"mlp.experts.{e}.down_proj.weight", rand(h, e_i)
+            if cfg.shared_expert_intermediate_size:  # Qwen2-MoE
+                s_i = cfg.shared_expert_intermediate_size
+                yield p + "mlp.shared_expert.gate_proj.weight", rand(s_i, h)
+                yield p + "mlp.shared_expert.up_proj.weight", rand(s_i, h)
+                yield p + "mlp.shared_expert.down_proj.weight", rand(h, s_i)
+                yield p + "mlp.shared_expert_gate.weight", rand(1, h)
         elif mt == "phi3":
             yield p + "mlp.gate_up_proj.weight", rand(2 * i, h)
             yield p + "mlp.down_proj.weight", rand(h, i)

@@ -21,7 +21,7 @@ from radixlm.runtime.models.config import ModelConfig
 from radixlm.runtime.models.llama import Linear
 
 logger = logging.getLogger(__name__)
-MOE_BUCKETS = (1, 16, 256, 4096)  # token counts timed at start-up (each config serves <= m)
+MOE_BUCKETS = (1, 4, 16, 256, 4096)  # token counts timed at start-up (each config serves <= m)
 
 
 def route(

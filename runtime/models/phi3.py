@@ -1,5 +1,6 @@
 """Phi-3 / Phi-4: the Llama decoder, with q/k/v and gate/up already fused in the checkpoint
-(`qkv_proj`, `gate_up_proj`: loaded as they are) and LongRoPE scaling.
+(`qkv_proj`, `gate_up_proj`: loaded as they are) and LongRoPE scaling; Phi-4-mini rotates only the
+first `partial_rotary_factor` (0.75) of each head's dims (rotary.py).
 
 LongRoPE: rotary frequencies divided per dimension by `short_factor` for positions below
 `original_max_position_embeddings` and by `long_factor` from there on, cos/sin multiplied by
@@ -17,7 +18,7 @@ import math
 import torch
 from torch import nn
 
-from radixlm.runtime.models.config import ModelConfig
+from radixlm.runtime.models.config import ModelConfig, UnsupportedModelError
 from radixlm.runtime.models.decoder import DecoderForCausalLM
 from radixlm.runtime.models.rotary import RotaryEmbedding
 
@@ -28,6 +29,7 @@ class LongRoPE(RotaryEmbedding):
     ) -> None:
         nn.Module.__init__(self)
         self.head_dim = config.head_dim
+        self.rotary_dim = config.rotary_dim
         self.fused = fused
         scaling = config.rope_scaling or {}
         hf = config.hf_config
@@ -42,7 +44,13 @@ class LongRoPE(RotaryEmbedding):
             attn_factor = (
                 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
             )
-        dim = config.head_dim
+        dim = config.rotary_dim  # Phi-4-mini: 96 of 128 (`partial_rotary_factor`)
+        for key in ("short_factor", "long_factor"):
+            if len(scaling[key]) != dim // 2:
+                raise UnsupportedModelError(
+                    f"LongRoPE {key} has {len(scaling[key])} entries; rotary_dim {dim} needs "
+                    f"{dim // 2}"
+                )
         shape = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
         pos = torch.arange(max_positions, dtype=torch.int64).float()
         tables = []

@@ -34,6 +34,7 @@ def reference_logits(
 ) -> torch.Tensor:
     """float32 logits `[len(token_ids), vocab]`; position i predicts token i + 1."""
     cfg = config
+    assert cfg.rotary_dim == cfg.head_dim, "the oracle rotates whole heads"
     w = weights
     n = len(token_ids)
     h_dim, heads, kv_heads = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads

@@ -1,15 +1,17 @@
 """The model registry: checkpoint architecture names -> the radixlm class that runs them.
 
 Two keys find an entry: a Hugging Face `config.json`'s `architectures` (or its `model_type`), and a
-GGUF file's `general.architecture` (llama.cpp's name). Model classes are imported lazily, so
-reading a config never imports torch modules it does not need. docs/models.md lists this table
+GGUF file's `general.architecture` (llama.cpp's name). `MODEL_CLASSES` is the seam's `Registry`
+(runtime/registry.py) built from the table: classes are imported lazily, so reading a config never
+imports torch modules it does not need. docs/models.md lists this table
 (a test checks the two agree).
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import NamedTuple
+
+from radixlm.runtime.registry import Registry
 
 
 class ArchInfo(NamedTuple):
@@ -23,6 +25,7 @@ ARCHITECTURES: dict[str, ArchInfo] = {
     "LlamaForCausalLM": ArchInfo("llama", "llama", "LlamaForCausalLM", "llama"),
     "MistralForCausalLM": ArchInfo("mistral", "llama", "LlamaForCausalLM", None),
     "Qwen2ForCausalLM": ArchInfo("qwen2", "llama", "LlamaForCausalLM", "qwen2"),
+    "Qwen2MoeForCausalLM": ArchInfo("qwen2_moe", "qwen2_moe", "Qwen2MoeForCausalLM", "qwen2moe"),
     "Qwen3ForCausalLM": ArchInfo("qwen3", "qwen3", "Qwen3ForCausalLM", "qwen3"),
     "Qwen3MoeForCausalLM": ArchInfo("qwen3_moe", "qwen3", "Qwen3ForCausalLM", "qwen3moe"),
     "MixtralForCausalLM": ArchInfo("mixtral", "mixtral", "MixtralForCausalLM", None),
@@ -32,6 +35,12 @@ ARCHITECTURES: dict[str, ArchInfo] = {
     "Gemma3ForConditionalGeneration": ArchInfo("gemma3", "gemma", "GemmaForCausalLM", None),
     "Phi3ForCausalLM": ArchInfo("phi3", "phi3", "Phi3ForCausalLM", "phi3"),
 }
+
+
+# NOTE: built from ARCHITECTURES (add a row there): architecture name -> model class.
+MODEL_CLASSES: Registry[type] = Registry("model architecture")
+for _name, _info in ARCHITECTURES.items():
+    MODEL_CLASSES.register(_name, f"radixlm.runtime.models.{_info.module}:{_info.cls}")
 
 
 class UnsupportedModelError(ValueError):
@@ -72,10 +81,8 @@ def arch_from_gguf(gguf_arch: str) -> str:
 def model_class(architecture: str) -> type:
     """The class that runs `architecture` (constructor: config, max_positions, device,
     fused_ops)."""
-    info = ARCHITECTURES.get(architecture)
-    if info is None:
+    if architecture not in MODEL_CLASSES:
         raise UnsupportedModelError(
             f"unsupported architecture {architecture!r}; supported: {supported_list()}"
         )
-    module = importlib.import_module(f"radixlm.runtime.models.{info.module}")
-    return getattr(module, info.cls)
+    return MODEL_CLASSES.load(architecture)

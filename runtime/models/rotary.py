@@ -1,5 +1,6 @@
 """Rotary position embeddings (rotate-half / NeoX layout, as Hugging Face Llama), with Llama-3 and
-linear scaling. The cos/sin table is built once per model with exactly HF's float32 arithmetic, so
+linear scaling, over each head's first `config.rotary_dim` dims (all of them unless the config has
+a `partial_rotary_factor`; the other dims pass through, as in transformers). The cos/sin table is built once per model with exactly HF's float32 arithmetic, so
 cached lookups equal HF's on-the-fly values bit for bit."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from radixlm.runtime.models.config import ModelConfig
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
-    dim = config.head_dim
+    dim = config.rotary_dim
     base = config.rope_theta
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     scaling = config.rope_scaling or {}
@@ -43,6 +44,7 @@ class RotaryEmbedding(torch.nn.Module):
     ) -> None:
         super().__init__()
         self.head_dim = config.head_dim
+        self.rotary_dim = config.rotary_dim
         self.fused = fused
         inv_freq = rope_inv_freq(config)
         pos = torch.arange(max_positions, dtype=torch.int64).float()
@@ -50,7 +52,7 @@ class RotaryEmbedding(torch.nn.Module):
         # NOTE: float32 table; gathered rows are cast to the activation dtype, as HF does.
         self.register_buffer("cos", freqs.cos(), persistent=False)
         self.register_buffer("sin", freqs.sin(), persistent=False)
-        if fused:  # the Triton kernel's layout: [max_pos, D] = [cos | sin]
+        if fused:  # the Triton kernel's layout: [max_pos, rotary_dim] = [cos | sin]
             self.register_buffer(
                 "cos_sin", torch.cat([self.cos, self.sin], dim=-1), persistent=False
             )
@@ -64,11 +66,16 @@ class RotaryEmbedding(torch.nn.Module):
             t, d = q.shape[0], self.head_dim
             rotary_embedding(positions, q.view(t, -1, d), k.view(t, -1, d), self.cos_sin)
             return q, k
-        cos = self.cos[positions].to(q.dtype).unsqueeze(1)  # [T, 1, D/2]
+        cos = self.cos[positions].to(q.dtype).unsqueeze(1)  # [T, 1, rotary_dim / 2]
         sin = self.sin[positions].to(q.dtype).unsqueeze(1)
         return _rotate(q, cos, sin, self.head_dim), _rotate(k, cos, sin, self.head_dim)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int) -> torch.Tensor:
-    x1, x2 = x.view(x.shape[0], -1, head_dim).chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).view(x.shape)
+    half = cos.shape[-1]
+    heads = x.view(x.shape[0], -1, head_dim)
+    x1, x2 = heads[..., :half], heads[..., half : 2 * half]
+    parts = [x1 * cos - x2 * sin, x2 * cos + x1 * sin]
+    if 2 * half < head_dim:  # partial rotary: the remaining dims pass through
+        parts.append(heads[..., 2 * half :])
+    return torch.cat(parts, dim=-1).view(x.shape)

@@ -19,12 +19,16 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from radixlm.runtime.models.config import ModelConfig
-from radixlm.runtime.models.llama import Linear, LlamaForCausalLM
+from radixlm.runtime.models.linear import Linear
+
+if TYPE_CHECKING:
+    from radixlm.runtime.models.llama import LlamaForCausalLM
 
 _FP8 = torch.float8_e4m3fn
 _KV_SCALE = re.compile(

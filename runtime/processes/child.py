@@ -31,7 +31,7 @@ def main() -> None:
     ports = PortArgs(**config["ports"])
     pipe = ReadyPipe(fd)
     if role == "scheduler":
-        from radixlm.runtime.scheduler.scheduler import run_scheduler_process
+        from radixlm.runtime.scheduler.process import run_scheduler_process
 
         run_scheduler_process(args, ports, pipe)
     elif role == "detokenizer":

@@ -13,11 +13,16 @@ from typing import Any
 
 import msgspec
 
+from radixlm.runtime.sampling.sampling_params import SamplingParams
+
 
 class GenerateReq(msgspec.Struct, tag=True):
+    """A request validated and tokenized once, by the tokenizer manager (`prepare`); decoding
+    checks its types, and the scheduler trusts its values (it does not validate again)."""
+
     rid: str
     input_ids: list[int]
-    sampling_params: dict[str, Any]  # validated `SamplingParams` fields (see sampling_params.py)
+    sampling_params: SamplingParams  # validated (SamplingParams.from_dict)
     return_logprob: bool = False
     logprob_start_len: int = -1  # -1: no input logprobs
     top_logprobs_num: int = 0

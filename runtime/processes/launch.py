@@ -79,7 +79,9 @@ def launch_processes(
     args: ServerArgs, while_starting: Callable[[], Any] | None = None
 ) -> EngineProcesses:
     """Start the children; run `while_starting` (e.g. load the tokenizer) while they boot; wait
-    until both are ready. Raises EngineDeadError with the child's own error if one fails."""
+    until both are ready. Raises EngineDeadError with the child's own error if one fails.
+    The children get `args.resolved()`: every "auto" default filled in once, here."""
+    args = args.resolved()
     ports = PortArgs.new()
     config = json.dumps(
         {"args": dataclasses.asdict(args), "ports": dataclasses.asdict(ports)}

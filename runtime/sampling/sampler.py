@@ -41,7 +41,7 @@ def apply_logit_processors(logits: torch.Tensor, sb: SamplingBatch) -> torch.Ten
         if logits.is_cuda:
             token_bitmask.apply_token_bitmask_inplace(logits, sb.vocab_mask, sb.vocab_mask_rows)
         elif logits.dtype == torch.float32 and logits.is_contiguous():
-            from radixlm.runtime.constrained.bitmask_cpu import apply_bitmask_cpu
+            from radixlm.kernels.token_bitmask_cpu import apply_bitmask_cpu
 
             apply_bitmask_cpu(logits, sb.vocab_mask, sb.vocab_mask_rows)
         else:

@@ -1,10 +1,17 @@
-"""Sampling parameters: SGLang's names and defaults, validated with messages that name the field."""
+"""Sampling parameters: SGLang's names and defaults, validated with messages that name the field.
+
+`SamplingParams.from_dict` validates a user's dict once, in the tokenizer manager; the validated
+value is a msgspec Struct that crosses to the scheduler inside `GenerateReq` (processes/io.py),
+typed: validation leaves every field of its declared type (ints as int, numbers as float,
+logit_bias keys as decimal strings), so the scheduler's decoder accepts it as is.
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+import msgspec
 
 from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.sampling.compat_params import check_stop_regex, check_unsupported
@@ -13,14 +20,13 @@ _MAX_STOP_STRINGS = 256
 _MAX_STOP_LEN = 2048
 
 
-@dataclass
-class SamplingParams:
+class SamplingParams(msgspec.Struct, omit_defaults=True):
     max_new_tokens: int = 128
     min_new_tokens: int = 0
-    stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
+    stop: list[str] = msgspec.field(default_factory=list)
+    stop_token_ids: list[int] = msgspec.field(default_factory=list)
     # Python `re` patterns searched in the last STOP_REGEX_WINDOW tokens' text after each token.
-    stop_regex: list[str] = field(default_factory=list)
+    stop_regex: list[str] = msgspec.field(default_factory=list)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
@@ -62,7 +68,7 @@ class SamplingParams:
                 "max_tokens",
             )
         check_unsupported(params)
-        known = {f.name for f in fields(cls)}
+        known = set(cls.__struct_fields__)
         unknown = sorted(set(params) - known)
         if unknown:
             raise InvalidRequestError(
@@ -75,7 +81,7 @@ class SamplingParams:
         return sp
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return msgspec.structs.asdict(self)
 
     @property
     def is_greedy(self) -> bool:
@@ -101,7 +107,7 @@ class SamplingParams:
             )
         _float(self, "temperature", lo=0.0, hi=100.0)
         _float(self, "top_p", lo=0.0, hi=1.0, lo_open=True)
-        _int(self, "top_k", lo=-1)
+        _int(self, "top_k", lo=-1, hi=2**31 - 1)  # NOTE: bounded: it crosses as an int64
         if self.top_k == 0:
             raise InvalidRequestError("top_k must be -1 (disabled) or >= 1, got 0", "top_k")
         _float(self, "min_p", lo=0.0, hi=1.0)
@@ -184,6 +190,10 @@ class SamplingParams:
                     raise InvalidRequestError(
                         "logit_bias values must be in [-100, 100]", "logit_bias"
                     )
+            # NOTE: the wire type (token ids as strings, as in JSON; biases as floats).
+            self.logit_bias = {str(int(k)): float(b) for k, b in self.logit_bias.items()}
+        if self.stream_interval is not None:
+            self.stream_interval = 1  # NOTE: check_unsupported let through only values == 1
 
 
 _NULLABLE = {"seed", "regex", "json_schema", "choices", "ebnf", "logit_bias", "stream_interval",

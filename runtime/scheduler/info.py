@@ -1,27 +1,73 @@
 """What the scheduler reports about itself: static info, live load and counters, the control
 requests (`get_info`, `flush_cache`, `check_invariants`) and the timing of its iterations.
 
-A mixin of `Scheduler`; it runs on the scheduler's thread (control requests are handled between
-iterations, with no decode step in flight) and reads the scheduler's state without copying it.
+Ownership: owns the scheduler's counters (`stats`, written by the components it is shared with);
+reads everything else it reports (pool, cache, queues, grammars) without copying it. Runs on the
+scheduler's thread: control requests are handled between iterations, with no step in flight.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from radixlm.runtime.processes import io
+from radixlm.runtime.scheduler.policy import NewTokenRatio
+from radixlm.runtime.scheduler.queues import ReqQueues
+from radixlm.runtime.scheduler.step import ModelStep
+
+
+def new_stats() -> dict[str, Any]:
+    return {
+        "prompt_tokens": 0,
+        "cached_tokens": 0,
+        "generated_tokens": 0,
+        "retracted": 0,
+        "overlapped_steps": 0,
+        # Wall time of the loop iterations that ran a forward, by kind (an extend iteration
+        # ends at its tokens' read-back; an overlapped decode iteration launches one step
+        # and reads the previous one).
+        "extend_iterations": 0,
+        "extend_seconds": 0.0,
+        "decode_iterations": 0,
+        "decode_seconds": 0.0,
+    }
 
 
 class SchedulerInfo:
+    def __init__(
+        self,
+        runner: Any,  # executor/model_runner.py `ModelRunner`
+        step: ModelStep,
+        queues: ReqQueues,
+        grammars: Any,  # constrained/manager.py `GrammarManager`
+        ratio: NewTokenRatio,
+        stats: dict[str, Any],
+        is_idle: Callable[[], bool],
+        chunk_size: int | None,
+        eos_ids: tuple[int, ...],
+    ) -> None:
+        self.runner = runner
+        self.step = step
+        self.queues = queues
+        self.grammars = grammars
+        self.ratio = ratio
+        self.stats = stats
+        self.is_idle = is_idle
+        self.chunk_size = chunk_size
+        self.eos_ids = eos_ids
+        self.cache = step.cache
+        self.allocator = step.allocator
+
     def info(self) -> dict[str, Any]:
-        cfg = self.config
+        cfg = self.runner.config
         return {
             "max_total_num_tokens": self.allocator.capacity,
-            "max_running_requests": self.max_running,
-            "context_length": self.context_len,
+            "max_running_requests": self.runner.max_running,
+            "context_length": self.runner.context_len,
             "chunked_prefill_size": self.chunk_size or -1,
-            "device": str(self.device),
+            "device": str(self.runner.device),
             "dtype": str(self.runner.dtype).replace("torch.", ""),
             "weight_mode": self.runner.weight_mode,  # e.g. float32, bfloat16, Q4_1 (CPU)
             "attention_backend": type(self.runner.attn).__name__,
@@ -34,14 +80,14 @@ class SchedulerInfo:
 
     def load_info(self) -> dict[str, Any]:
         return {
-            "num_waiting": len(self.waiting) + len(self.grammars.pending),
-            "num_running": len(self.running) + (self.chunked_req is not None),
+            "num_waiting": len(self.queues.waiting) + len(self.grammars.pending),
+            "num_running": len(self.queues.running) + (self.queues.chunked is not None),
             "free_slots": self.allocator.available(),
             "evictable_slots": self.cache.evictable_size(),
             "protected_slots": self.cache.protected_size(),
             "capacity": self.allocator.capacity,
-            "new_token_ratio": self.new_token_ratio,
-            "forward_ct": self.forward_ct,
+            "new_token_ratio": self.ratio.value,
+            "forward_ct": self.step.forward_ct,
             **self.stats,
             "jump_forward": self.grammars.stats["jumps"],
             "jump_forward_tokens": self.grammars.stats["jump_tokens"],
@@ -51,13 +97,13 @@ class SchedulerInfo:
         if msg.kind == "get_info":
             return io.ControlResp(msg.token, True, {**self.info(), **self.load_info()})
         if msg.kind == "flush_cache":
-            if not self.idle:
+            if not self.is_idle():
                 return io.ControlResp(msg.token, False, error="cannot flush while requests run")
             self.cache.reset()
             self.allocator.clear()
             return io.ControlResp(msg.token, True)
         if msg.kind == "check_invariants":
-            if not self.idle:
+            if not self.is_idle():
                 return io.ControlResp(msg.token, False, error="requests are running")
             try:
                 self.cache.check_idle_invariant()

@@ -2,13 +2,17 @@
 reads them (SGLang's overlap schedule), so the host's per-step work (reading tokens, stop checks,
 outputs, the next batch's metadata) runs while the GPU computes.
 
-Flow (`Scheduler.event_loop`): an eligible decode batch is launched (`launch_decode`) and left in
-flight; the next iteration launches the following step for the same requests with the in-flight
-step's next-token tensor as input ids (`step_inflight`), then reads and processes the in-flight
-step (`process_decode`). A request whose step-n token reaches a length limit is not launched
+Flow (`Scheduler.run_once`): an eligible decode batch is launched (`launch`: the one step path,
+step.py, with its tokens left on the device) and kept in flight as a `StepOutput`; the next
+iteration launches the following step for the same requests with the in-flight step's
+`next_ids` as input ids (`step`), then applies the in-flight one through the one result path
+(results.py). A request whose step-n token reaches a length limit is not launched
 again; one that stops at step n on EOS or a stop condition has already been launched in step
 n + 1: that token is dropped, and its KV (the finished token's) is valid and goes to the prefix
 cache with the rest.
+
+Ownership: `OverlapDecode` owns the in-flight step (`inflight`); it gets the step path, the
+result path, the queues and the pool through its constructor.
 
 Eligibility (exactness): a CUDA device (CPU only with `overlap_schedule_on_cpu`, for tests); every
 request greedy with no logit processor (penalties, bias, pending min_new_tokens), no grammar, no
@@ -24,37 +28,45 @@ in-flight step is processed first and the batch runs the plain way.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any
 
 import torch
 
 from radixlm.runtime.executor.forward_batch import ForwardMode
 from radixlm.runtime.executor.host_transfer import HostTransfer
-from radixlm.runtime.sampling.sampler import sample
-from radixlm.runtime.sampling.sampling_batch import SamplingBatch, needs_processor
+from radixlm.runtime.sampling.sampling_batch import needs_processor
+from radixlm.runtime.scheduler.queues import ReqQueues
 from radixlm.runtime.scheduler.req import Req
-from radixlm.runtime.scheduler.schedule_batch import ScheduleBatch, prepare_decode
-
-
-class InFlightDecode(NamedTuple):
-    batch: ScheduleBatch
-    next_ids: torch.Tensor  # [bs] int64 on the device: the next step's input ids
-    host_ids: torch.Tensor  # [bs] int64 on the host (pinned on CUDA), valid once `copied`
-    copied: torch.cuda.Event | None  # None: host_ids is already valid (CPU)
+from radixlm.runtime.scheduler.results import ResultPath
+from radixlm.runtime.scheduler.schedule_batch import ScheduleBatch
+from radixlm.runtime.scheduler.step import ModelStep, StepOutput
 
 
 class OverlapDecode:
-    """Mixed into `Scheduler` (uses its args, queues, pools, runner and stats)."""
+    def __init__(
+        self,
+        enabled: bool,
+        step: ModelStep,
+        results: ResultPath,
+        queues: ReqQueues,
+        transfer: HostTransfer,
+        context_len: int,
+        stats: dict[str, Any],
+    ) -> None:
+        self.enabled = enabled  # a CUDA device and not disabled, or `overlap_schedule_on_cpu`
+        self.step_path = step
+        self.results = results
+        self.queues = queues
+        self.allocator = step.allocator
+        self.cache = step.cache
+        self.transfer = transfer
+        self.context_len = context_len
+        self.stats = stats
+        self.inflight: StepOutput | None = None  # launched, tokens not read yet
 
-    inflight: InFlightDecode | None
-    transfer: HostTransfer
-
-    def overlap_eligible(self, reqs: list[Req]) -> bool:
-        if self.args.disable_overlap_schedule or self.waiting or self.chunked_req is not None:
-            return False
-        # NOTE: on CPU the forward is synchronous: launching ahead only delays each token's
-        # delivery by a step, so it is off unless a test asks for it.
-        if self.device.type != "cuda" and not self.args.overlap_schedule_on_cpu:
+    def eligible(self, reqs: list[Req]) -> bool:
+        queues = self.queues
+        if not self.enabled or queues.waiting or queues.chunked is not None:
             return False
         if self.allocator.available() + self.cache.evictable_size() < len(reqs):
             return False
@@ -66,68 +78,43 @@ class OverlapDecode:
             for r in reqs
         )
 
-    def launch_decode(
-        self, batch: ScheduleBatch, input_ids: torch.Tensor | None = None
-    ) -> InFlightDecode:
-        """Prepare, run and sample a greedy decode step without reading its tokens."""
-        inputs = self.runner.decode_input_buffer(len(batch.reqs))
-        fb = prepare_decode(batch, self.allocator, self.cache, self.transfer, inputs, input_ids)
-        hidden = self.runner.forward(fb)
-        self.forward_ct += 1
-        for req in batch.reqs:
-            req.computed += 1
-        logits = self.runner.compute_logits(hidden)
-        next_ids = sample(logits, SamplingBatch.greedy_only(len(batch.reqs))).next_token_ids
-        # NOTE: the copy to the host is queued right behind this step (on its own stream):
-        # reading the tokens must not wait for the step launched after it (.tolist() would).
-        host_ids, copied = self.transfer.to_host(next_ids)
-        return InFlightDecode(batch, next_ids, host_ids, copied)
+    def launch(self, batch: ScheduleBatch, input_ids: torch.Tensor | None = None) -> None:
+        """Run a greedy decode step without reading its tokens; it stays in flight."""
+        assert self.inflight is None
+        self.inflight = self.step_path.run(batch, input_ids, greedy=True, to_host=True)
 
-    def step_inflight(self) -> None:
-        """Launch the step after the in-flight one when still eligible, then process the
+    def step(self) -> None:
+        """Launch the step after the in-flight one when still eligible, then apply the
         in-flight one."""
         flight = self.inflight
         assert flight is not None
-        self.drop_aborted_running()
-        batch_ids = {id(r) for r in flight.batch.reqs}
+        self.inflight = None
+        self.queues.drop_finished_running()
+        reqs_in = flight.batch.reqs
+        batch_ids = {id(r) for r in reqs_in}
         # Requests that certainly end with the in-flight token (length limits) are not launched
         # again; one that ends on EOS or a stop condition wastes its row of the next step.
-        keep = [
-            k for k, r in enumerate(flight.batch.reqs) if not r.finished and not self.ends_next(r)
-        ]
-        reqs = [flight.batch.reqs[k] for k in keep]
-        ahead = None
+        keep = [k for k, r in enumerate(reqs_in) if not r.finished and not self.ends_next(r)]
+        reqs = [reqs_in[k] for k in keep]
         # NOTE: every running request must be in the batch (it always is: nothing is admitted
         # while a step is in flight); otherwise the plain path picks all of them up next.
-        everyone = all(id(r) in batch_ids for r in self.running)
-        if reqs and everyone and self.overlap_eligible(reqs):
+        everyone = all(id(r) in batch_ids for r in self.queues.running)
+        if reqs and everyone and self.eligible(reqs):
+            assert flight.next_ids is not None
             ids = flight.next_ids
-            if len(keep) != len(flight.batch.reqs):
+            if len(keep) != len(reqs_in):
                 ids = ids.index_select(0, self.transfer.to_device(keep))
-            ahead = self.launch_decode(ScheduleBatch(reqs, ForwardMode.DECODE), ids)
+            self.launch(ScheduleBatch(reqs, ForwardMode.DECODE), ids)
             self.stats["overlapped_steps"] += 1
-        self.process_decode(flight)
-        self.inflight = ahead
+        self.results.apply(flight)
 
     def ends_next(self, req: Req) -> bool:
         """Whether the token in flight for `req` (not appended yet) reaches a length limit."""
         n = len(req.output_ids) + 1
         return n >= req.sampling_params.max_new_tokens or req.seqlen + 1 >= self.context_len
 
-    def drain_inflight(self) -> None:
-        """Process the in-flight step, launching nothing after it."""
+    def drain(self) -> None:
+        """Apply the in-flight step, launching nothing after it."""
         if self.inflight is not None:
             flight, self.inflight = self.inflight, None
-            self.process_decode(flight)
-
-    def process_decode(self, flight: InFlightDecode) -> None:
-        """Read the step's tokens (the one host sync) and apply them to the requests that were
-        still running; requests finished or aborted meanwhile drop theirs."""
-        if flight.copied is not None:
-            flight.copied.synchronize()
-        tokens = flight.host_ids.tolist()
-        live = [(k, r) for k, r in enumerate(flight.batch.reqs) if not r.finished]
-        for k, req in live:
-            self.append_token(req, tokens[k], None, None, k)
-        self.finish_decode(ScheduleBatch([r for _, r in live], ForwardMode.DECODE))
-        self.decay_new_token_ratio()
+            self.results.apply(flight)

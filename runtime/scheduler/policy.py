@@ -8,6 +8,10 @@ to FCFS for long queues, where matching every request each step would cost too m
 slots, minus a reservation for the future decode tokens of running and admitted requests, scaled by
 `new_token_ratio`), `max_prefill_tokens` per batch, and `chunked_prefill_size` (a prompt longer
 than what is left is split; its next chunk goes first in the next round).
+
+`NewTokenRatio`: the share of their remaining `max_new_tokens` that running requests are expected
+to still need (the reservation above). It starts conservative, decays after every decode step,
+jumps to 1.0 on a retraction and resets when nothing runs.
 """
 
 from __future__ import annotations
@@ -21,6 +25,26 @@ from radixlm.runtime.scheduler.req import Req
 LPM_MAX_QUEUE = 128  # beyond this many waiting requests, lpm behaves as fcfs
 RESERVE_CLIP = 4096  # future decode tokens counted per request at most
 IN_BATCH_SHARE_MIN = 32  # defer a request sharing this many uncached tokens with an admitted one
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = 0.1
+NEW_TOKEN_RATIO_DECAY = 0.001
+
+
+class NewTokenRatio:
+    """Owned by the scheduler; decayed by the result path after each decode step."""
+
+    def __init__(self, conservativeness: float) -> None:
+        self.initial = INIT_NEW_TOKEN_RATIO * conservativeness
+        self.value = self.initial
+
+    def reset(self) -> None:
+        self.value = self.initial
+
+    def decay(self) -> None:
+        self.value = max(MIN_NEW_TOKEN_RATIO, self.value - NEW_TOKEN_RATIO_DECAY)
+
+    def retracted(self) -> None:
+        self.value = 1.0
 
 
 def order_waiting(waiting: list[Req], policy: str, cache: PrefixCache) -> None:

@@ -1,13 +1,13 @@
 """`ScheduleBatch`: the requests of one forward, and the conversion to tensors.
 
 Data flow of one iteration:
-    Scheduler picks requests (policy.py) -> ScheduleBatch.prepare_extend()/prepare_decode()
-      allocates KV slots, writes req_to_token rows, builds a ForwardBatch plus the bookkeeping of
-      which logits rows sample a token and which give input logprobs
-    -> ModelRunner.forward() -> logits -> Sampler -> ScheduleBatch.process_result()
-      appends tokens, records logprobs, checks stop conditions.
-The batch never frees memory itself: finished requests go back to the scheduler, which hands
-their KV to the prefix cache.
+    Scheduler picks requests (policy.py) -> `prepare_extend` / `prepare_decode` (called by the
+      step path, step.py) allocate KV slots, write req_to_token rows and build a ForwardBatch,
+      plus the bookkeeping of which logits rows sample a token and which give input logprobs
+    -> ModelRunner.forward() -> logits -> sampler -> `StepOutput` -> the result path
+      (results.py) appends tokens, records logprobs, checks stop conditions.
+The batch never frees memory itself: the result path hands finished requests' KV to the prefix
+cache (queues.py `release`).
 """
 
 from __future__ import annotations

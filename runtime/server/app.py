@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-import radixlm
+from radixlm._version import __version__
 from radixlm.runtime.errors import RadixLMError
 from radixlm.runtime.frontend.tokenizer_manager import TokenizerManager
 from radixlm.runtime.server import compat_api, native_api, openai_api
@@ -71,7 +71,7 @@ def create_app(state: ServerState) -> FastAPI:
             if state.tm is not None:
                 await state.tm.close()
 
-    app = FastAPI(title="radixlm", version=radixlm.__version__, lifespan=lifespan,
+    app = FastAPI(title="radixlm", version=__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None)  # fmt: skip
     app.state.server = state
     app.include_router(native_api.router)

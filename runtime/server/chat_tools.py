@@ -27,7 +27,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from radixlm.lang.tools import any_call_schema, function_specs, named_call_schema
+from radixlm.formats.tools import any_call_schema, function_specs, named_call_schema
 from radixlm.runtime.server.errors import ApiError
 from radixlm.runtime.server.tool_parsers import ToolCall, ToolCallParser, get_parser
 

@@ -6,7 +6,8 @@ ready to roll!", and /health answers 200.
 Shutdown (SIGTERM or Ctrl-C): /health and new work get 503 at once, requests in flight get up to
 --shutdown-timeout seconds to finish, the rest are aborted (they end with finish_reason "abort"),
 then uvicorn stops, the TokenizerManager closes and the children are stopped; the exit code is 0.
-A second SIGINT/SIGTERM aborts everything at once; a third exits without waiting. If the scheduler
+A second SIGINT/SIGTERM aborts everything at once (and waits for the aborted requests' final
+chunks, up to --shutdown-timeout); a third exits without waiting. If the scheduler
 dies, the server keeps running and reports it: /health answers 503, requests get 503.
 
 Threading: one process, one event loop (uvicorn's, in the main thread). Signal handlers only
@@ -21,6 +22,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import fields
 from types import FrameType
 from typing import Any
@@ -102,7 +104,7 @@ class Server(uvicorn.Server):
         if self.loop is None or self.signals >= 3:
             self.should_exit = self.force_exit = True
             return
-        action = self._drain if self.signals == 1 else self._abort_now
+        action = self._drain if self.signals == 1 else self._abort_on_signal
         self.loop.call_soon_threadsafe(lambda: self._spawn(action()))
 
     async def _drain(self) -> None:
@@ -115,21 +117,31 @@ class Server(uvicorn.Server):
         deadline = time.monotonic() + timeout
         while state.in_flight and time.monotonic() < deadline and not self.should_exit:
             await asyncio.sleep(0.05)
-        await self._abort_now()
+        await self._abort_now(ABORT_GRACE_S)
 
-    async def _abort_now(self) -> None:
+    async def _abort_on_signal(self) -> None:
+        # NOTE: the second signal aborts at once, then waits for the aborted requests' final
+        # chunks up to --shutdown-timeout: a scheduler that cannot answer (hung) holds them, and
+        # the third signal exits without waiting.
+        await self._abort_now(max(ABORT_GRACE_S, self.state.args.shutdown_timeout))
+
+    async def _abort_now(self, grace: float) -> None:
         state = self.state
         if state.in_flight and state.tm is not None and not state.tm.dead:
             logger.warning("aborting %d request(s) still in flight", state.in_flight)
             state.tm.abort("")
-            deadline = time.monotonic() + ABORT_GRACE_S
-            while state.in_flight and time.monotonic() < deadline:
+            deadline = time.monotonic() + grace
+            while state.in_flight and time.monotonic() < deadline and not self.should_exit:
                 await asyncio.sleep(0.05)
         self.should_exit = True
 
 
-def serve_main(argv: list[str] | None = None) -> int:
-    """Entry point of `radixlm serve`; returns the process exit code."""
+def serve_main(
+    argv: list[str] | None = None, serve_dp: Callable[[ServerArgs], int] | None = None
+) -> int:
+    """Entry point of `radixlm serve`; returns the process exit code. `serve_dp` runs `--dp-size`
+    replicas behind the router (`radixlm.router.dp.serve_dp`; passed in by the CLI, which sits
+    above both runtime and router)."""
     parser = build_parser()
     ns = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
@@ -137,6 +149,12 @@ def serve_main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError) as exc:
         parser.error(str(exc))
     configure_logging(args.log_level)
+    if args.dp_size > 1:
+        if serve_dp is None:
+            parser.error(
+                "--dp-size > 1 runs replicas behind the router: start it with `radixlm serve`"
+            )
+        return serve_dp(args)
     if args.load_format != "dummy" and args.model_path and not os.path.exists(args.model_path):
         try:  # a HF repo id from the local HF cache (never downloads)
             args = resolve_cached_model(args)

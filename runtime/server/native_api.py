@@ -25,7 +25,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import PlainTextResponse, Response
 
-import radixlm
+from radixlm._version import __version__
 from radixlm.runtime.frontend import request_batch
 from radixlm.runtime.frontend.tokenizer_manager import GenerateInput
 from radixlm.runtime.server.errors import ApiError, to_api_error
@@ -128,7 +128,7 @@ async def get_server_info(request: Request) -> Response:
             "in_flight_requests": state.in_flight,
             # Requests the tokenizer manager tracks (0 when idle: nothing lingers after a test).
             "tm_requests": len(tm.states),
-            "version": radixlm.__version__,
+            "version": __version__,
         }
     )
 

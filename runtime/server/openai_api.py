@@ -88,7 +88,7 @@ async def completions(request: Request) -> Response:
         batch = completion_batch(body)
         echo = None
         if body.echo:
-            request_batch.validate(state.engine, batch)  # NOTE: ids are checked before decoding
+            batch = request_batch.validate(state.engine, batch)  # NOTE: ids checked before decoding
             echo = _echo_texts(state, batch)
         n = len(batch.groups[0])
         model = body.model or state.model_name

@@ -1,5 +1,5 @@
 """Reasoning parsers (`--reasoning-parser`, SGLang's names): split a reasoning model's
-`<think>...</think>` section from its answer (the split itself: lang/reasoning.py).
+`<think>...</think>` section from its answer (the split itself: formats/reasoning.py).
 
     qwen3        Qwen3: the output may open with `<think>`; reasoning runs to `</think>`. An output
                  without `<think>` is all answer (thinking disabled in the template).
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from radixlm.lang.reasoning import END_THINK, MODEL_TYPES, THINK, Split, split_reasoning
+from radixlm.formats.reasoning import END_THINK, MODEL_TYPES, THINK, Split, split_reasoning
 
 
 @dataclass(frozen=True)
@@ -31,21 +31,14 @@ class ReasoningParser:
     def grammar_params(self, tokenizer: Any) -> dict[str, list[int]]:
         """Sampling params that make a constraint start after the reasoning
         (constrained/reasoning.py): the `</think>` ids, and `<think>`'s unless the output starts
-        inside the reasoning. {} (the constraint covers the whole output) for qwen3 when
-        `<think>` is not a single token."""
+        inside the reasoning. Markers of several ordinary tokens are matched on their text."""
 
         def ids(tag: str) -> list[int]:
             return list(tokenizer.encode(tag, add_special_tokens=False))
 
         params = {"think_end_ids": ids(END_THINK)}
         if not self.starts_inside:
-            start = ids(THINK)
-            # NOTE: an opening offered as its first piece (`<`) would also catch other text that
-            # starts the same way (`<tool_call>`) and leave it unconstrained. Reasoning models
-            # have `<think>` as one special token.
-            if len(start) != 1:
-                return {}
-            params["think_start_ids"] = start
+            params["think_start_ids"] = ids(THINK)
         return params
 
 

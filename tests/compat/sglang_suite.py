@@ -3,10 +3,17 @@
 `test_programs` imports `sglang.srt.utils` (SGLang's *server* helpers) at module level, for
 `is_hip`, and `test_gen_min_new_tokens` imports `sglang.srt.utils.hf_transformers_utils` for
 `get_tokenizer`. Neither is part of the frontend the suite exercises. `sglang.srt.utils` imports
-torchvision, whose PyPI wheels for Linux are CUDA builds that cannot load next to a CPU torch (the
-CPU wheel lives on download.pytorch.org, which CI machines may not reach). When the real module
-does not import, `load_test_programs` registers a stand-in with exactly those two names: `is_hip()`
-is False (no ROCm here) and `get_tokenizer(path)` loads the tokenizer radixlm's server loads.
+torchvision, and no torchvision that loads beside the CPU torch (`torch==2.13.0+cpu`) is reachable
+from the package registries this project may use (checked 2026-12-02):
+- PyPI's torchvision 0.28.0 (the release paired with torch 2.13) for Linux x86-64 is a CUDA build:
+  its `_C.so` needs `libc10_cuda.so`, so importing it fails with "operator torchvision::nms does not
+  exist"; PyPI has no `+cpu` build and no sdist to build one from;
+- the CPU wheels are published only on download.pytorch.org, which is not a package registry this
+  workplace reaches (its name does not even resolve on CI);
+- Debian's `python3-torchvision` is 0.14.1, built for torch 1.13.
+When the real module does not import, `load_test_programs` registers a stand-in with exactly those
+two names: `is_hip()` is False (no ROCm here) and `get_tokenizer(path)` loads the tokenizer
+radixlm's server loads. Where a CPU torchvision is installed, the real module is used.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """`--reasoning-parser` (qwen3, deepseek-r1): `<think>` sections split into reasoning_content,
 plain and streamed (token by token on a tokenizer with the think tags as special tokens), and on
-the real server (`--reasoning-parser qwen3`) through the `openai` client and `/separate_reasoning`."""
+the real server (`--reasoning-parser qwen3`, whose markers are several tokens on the default
+vocabulary) through the `openai` client and `/separate_reasoning`."""
 
 from __future__ import annotations
 
@@ -64,6 +65,7 @@ def client(compat_server: ServerProcess) -> openai.OpenAI:
 
 THINKING = r"<think>[a-z ]{1,12}</think>[A-Z][a-z]{1,8}\."
 ANSWER = r"[A-Z][a-z]{1,8}\."
+NUMBER = r"[1-9][0-9]{0,2}"  # nothing of `<think>` / `</think>` fits
 
 
 def _default_ids(text: str) -> list[int]:
@@ -96,38 +98,45 @@ def test_constraint_applies_after_reasoning(
     compat_server.wait_idle_and_check_kv()
 
 
-def test_server_splits_reasoning(client: openai.OpenAI, compat_server: ServerProcess) -> None:
-    """The output is forced (regex, temperature 0.8, 8 seeds) to think-then-answer; the server
-    splits it: reasoning_content is the think section, content the answer, streaming too. NOTE:
-    `<think>` is 3 tokens on the default vocabulary, so qwen3's constraint covers the whole output
-    (reasoning_parsers.py `grammar_params`)."""
+def _think_bias() -> dict[str, int]:
+    """logit_bias that makes the default model think first: `<` (+30) opens, then the pieces of
+    `</think>` (+100) fill the reasoning until they spell the end marker; the answer's regex
+    forbids all of them, so after `</think>` the model answers on its own."""
+    bias = {str(t): 100 for t in _default_ids("</think>")}
+    bias[str(_default_ids("<")[0])] = 30
+    return bias
 
-    msgs = [{"role": "user", "content": "Say a word."}]
+
+def test_server_splits_reasoning(client: openai.OpenAI, compat_server: ServerProcess) -> None:
+    """`--reasoning-parser qwen3` on the default vocabulary, where `<think>` and `</think>` are
+    several ordinary tokens: the chat endpoint sets the marker ids itself, the reasoning is free
+    and the regex constrains only the answer after `</think>` (temperature 0.8, 8 seeds; the
+    server splits reasoning_content from content), streaming too."""
+    msgs = [{"role": "user", "content": "Say a number."}]
+    extra = {"regex": NUMBER, "logit_bias": _think_bias()}
     for seed in range(8):
         resp = client.chat.completions.create(
-            model="m", messages=msgs, temperature=0.8, seed=seed, max_tokens=40,
-            extra_body={"regex": THINKING},
-        )  # fmt: skip
-        msg = resp.choices[0].message
-        assert (
-            re.fullmatch(r"[a-z ]{1,12}", msg.reasoning_content + "x"[:0])
-            or msg.reasoning_content == ""
+            model="m", messages=msgs, temperature=0.8, seed=seed, max_tokens=64, extra_body=extra
         )
-        assert re.fullmatch(r"[A-Z][a-z]{1,8}\.", msg.content), msg
+        msg = resp.choices[0].message
+        assert resp.choices[0].finish_reason == "stop", msg
+        # NOTE: the reasoning may be empty; the markers themselves are text the regex forbids.
+        assert msg.reasoning_content is not None and "<" not in msg.reasoning_content, msg
+        assert re.fullmatch(NUMBER, msg.content), msg
     stream = client.chat.completions.create(
-        model="m", messages=msgs, temperature=0.8, seed=1, max_tokens=40, stream=True,
-        extra_body={"regex": THINKING},
+        model="m", messages=msgs, temperature=0.8, seed=1, max_tokens=64, stream=True,
+        extra_body=extra,
     )  # fmt: skip
     reasoning = content = ""
     for chunk in stream:
         for choice in chunk.choices:
             reasoning += getattr(choice.delta, "reasoning_content", None) or ""
             content += choice.delta.content or ""
-    assert re.fullmatch(r"[A-Z][a-z]{1,8}\.", content) and "<" not in reasoning, (
+    assert re.fullmatch(NUMBER, content) and "<" not in reasoning, (
         reasoning,
         content,
     )
-    # separate_reasoning: false keeps the raw text.
+    # separate_reasoning: false keeps the raw text, and the regex covers all of it.
     raw = client.chat.completions.create(
         model="m", messages=msgs, temperature=0.8, seed=0, max_tokens=40,
         extra_body={"regex": THINKING, "separate_reasoning": False},

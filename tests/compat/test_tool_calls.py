@@ -97,9 +97,14 @@ def _tools(i: int) -> list[dict[str, Any]]:
 
 
 def _ask(client: openai.OpenAI, i: int, **kwargs: Any) -> Any:
+    # NOTE: the shared server runs `--reasoning-parser qwen3`, and the default model is no
+    # reasoning model: its `<think>` is ordinary tokens, so a `<` it writes first would open a
+    # reasoning section that it never closes. `separate_reasoning: false` (as a server without
+    # the parser) constrains the whole output.
+    extra = {"separate_reasoning": False, **kwargs.pop("extra_body", {})}
     return client.chat.completions.create(
         model="default", messages=[{"role": "user", "content": ASKS[i]}], tools=_tools(i),
-        temperature=0.8, seed=i, max_tokens=700, **kwargs,
+        temperature=0.8, seed=i, max_tokens=700, extra_body=extra, **kwargs,
     )  # fmt: skip
 
 

@@ -108,9 +108,9 @@ def _advanced(grammar, text: str):
     return g
 
 
-def test_multi_token_markers() -> None:
-    """On the default vocabulary `</think>` is several tokens: only the whole id sequence ends
-    the reasoning, and an opening started must be completed."""
+def test_multi_token_markers_without_vocabulary() -> None:
+    """Without a vocabulary (no compiler bytes) a marker of several tokens is matched on its ids:
+    only the whole id sequence ends the reasoning, and an opening started must be completed."""
     from constrained.helpers import make_compiler, tokenizer
 
     from radixlm.runtime.constrained import GrammarSpec
@@ -131,6 +131,135 @@ def test_multi_token_markers() -> None:
     assert grammar.accept(end[-1]) and not grammar.accept(start[0])
 
 
+def _plain(*pieces: str) -> list[int]:
+    """One token per piece on the default vocabulary."""
+    from constrained.helpers import tokenizer
+
+    out = []
+    for piece in pieces:
+        ids = tokenizer().encode(piece, add_special_tokens=False)
+        assert len(ids) == 1, (piece, ids)
+        out += ids
+    return out
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def plain_compiler(request):
+    from constrained.helpers import make_compiler
+
+    return make_compiler(backend=request.param)
+
+
+def _text_grammar(compiler, regex: str, qwen3: bool):
+    from constrained.helpers import tokenizer
+
+    from radixlm.runtime.constrained import GrammarSpec
+    from radixlm.runtime.constrained.reasoning import wrap_for_reasoning
+    from radixlm.runtime.server.reasoning_parsers import REASONING_PARSERS
+
+    params = REASONING_PARSERS["qwen3" if qwen3 else "deepseek-r1"].grammar_params(tokenizer())
+    sp = type("SP", (), params)()
+    inner = compiler.compile(GrammarSpec("regex", regex))
+    return wrap_for_reasoning(inner.copy(), sp, compiler.vocab), inner
+
+
+def test_text_marker_any_spelling(plain_compiler) -> None:
+    """The default vocabulary spells `</think>` with ordinary tokens: the marker is found on the
+    output's text however it is split, and a token that would run past it (`>.`) is never
+    offered, so the answer starts on a token boundary and the inner grammar sees all of it."""
+    from constrained.helpers import VOCAB
+
+    grammar, fresh = _text_grammar(plain_compiler, REGEX, qwen3=False)
+    digits = _allowed(fresh, VOCAB)
+    past = set(_plain(">.", ">>", "><", ">,"))
+    for token in [*_ids("hmm"), *_plain("></", "th", "ink")]:  # not the usual `</` `think` `>`
+        assert grammar.accept(token) and grammar.jump_forward() is None
+    free = _allowed(grammar, VOCAB)
+    assert past.isdisjoint(free) and len(free) > VOCAB - 1000 and _plain(">")[0] in free
+    assert not grammar.accept(_plain(">.")[0])  # would hide the answer's first character
+    assert grammar.accept(_plain(">")[0])
+    assert _allowed(grammar, VOCAB) == digits
+    assert not grammar.accept(_plain("x")[0])
+    for token in _ids("123"):
+        assert grammar.accept(token)
+    assert grammar.is_terminated() and grammar.num_accepted == 2 + 3 + 1 + 3
+
+
+def test_text_opening_or_other_answer(plain_compiler) -> None:
+    """qwen3 on the default vocabulary: `<think>` is `<` `think` `>`. An answer that also starts
+    with `<` (`<tool>7`) stays constrained: both the opening and the inner grammar follow the
+    output until it leaves one of them."""
+    from constrained.helpers import VOCAB
+
+    regex = r"<tool>[0-9]"
+    grammar, fresh = _text_grammar(plain_compiler, regex, qwen3=True)
+    lt, think, tool, gt = _plain("<", "think", "tool", ">")
+    assert {lt} <= _allowed(grammar, VOCAB) and _plain("x")[0] not in _allowed(grammar, VOCAB)
+    assert grammar.accept(lt)
+    both = _allowed(grammar, VOCAB)
+    assert {think, tool} <= both and _plain("x")[0] not in both
+    assert grammar.accept(tool)  # left the opening: the answer, constrained from its start
+    assert _allowed(grammar, VOCAB) == _allowed(_advanced_ids(fresh, [lt, tool]), VOCAB)
+    grammar.rollback(1)  # back into the opening
+    assert _allowed(grammar, VOCAB) == both
+    for token in (think, gt):
+        assert grammar.accept(token)
+    assert len(_allowed(grammar, VOCAB)) > VOCAB - 1000  # reasoning: free
+    for token in _plain("</", "think", ">"):
+        assert grammar.accept(token)
+    assert _allowed(grammar, VOCAB) == _allowed(fresh, VOCAB)
+    for token in [lt, tool, gt, *_ids("7")]:
+        assert grammar.accept(token)
+    assert grammar.is_terminated()
+
+
+def _advanced_ids(grammar, ids: list[int]):
+    g = grammar.copy()
+    for token in ids:
+        assert g.accept(token)
+    return g
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_rollback_equals_replay(plain_compiler, seed: int) -> None:
+    """Random walks over the masks (tokens drawn from marker pieces, digits and words, the
+    grammar's own mask deciding what may follow), with rollbacks of any depth, also across
+    the markers: after each, the state equals a fresh grammar fed the same tokens."""
+    import random
+
+    from constrained.helpers import VOCAB
+
+    rng = random.Random(seed)
+    pool = _plain("<", "think", ">", "</", "th", "ink", ">.", "1", "2", " x", "tool")
+    spellings = [
+        _plain("</", "think", ">"),
+        _plain("</", "th", "ink", ">"),
+        _plain("<", "think", ">"),
+    ]
+    grammar, _ = _text_grammar(plain_compiler, r"[0-9]{2,4}", qwen3=seed % 2 == 0)
+    history: list[int] = []
+    phases = set()
+    for _ in range(60):
+        burst = [rng.choice(pool)] if rng.random() < 0.8 else rng.choice(spellings)
+        for token in burst:
+            if grammar.is_terminated() or token not in _allowed(grammar, VOCAB):
+                break
+            assert grammar.accept(token)
+            history.append(token)
+            phases.add(grammar.phase)
+        if history and rng.random() < 0.3:
+            n = rng.randint(1, len(history))
+            grammar.rollback(n)
+            del history[len(history) - n :]
+            twin, _ = _text_grammar(plain_compiler, r"[0-9]{2,4}", qwen3=seed % 2 == 0)
+            for t in history:
+                assert twin.accept(t)
+            assert grammar.num_accepted == twin.num_accepted == len(history)
+            assert _allowed(grammar, VOCAB) == _allowed(twin, VOCAB)
+            assert grammar.is_terminated() == twin.is_terminated()
+    assert "answer" in phases and "thinking" in phases
+
+
 def test_sampling_params_validate_markers() -> None:
     from radixlm.runtime.errors import InvalidRequestError
     from radixlm.runtime.sampling.sampling_params import SamplingParams
@@ -144,7 +273,8 @@ def test_sampling_params_validate_markers() -> None:
 
 
 def test_parser_grammar_params() -> None:
-    """The chat endpoint's ids: qwen3 offers the opening only when `<think>` is one token."""
+    """The chat endpoint's ids: both markers for qwen3, the end marker for deepseek-r1, on a
+    vocabulary with think tokens and on the default one (several ordinary tokens each)."""
     from constrained.helpers import tokenizer
 
     from radixlm.runtime.server.reasoning_parsers import REASONING_PARSERS
@@ -157,8 +287,12 @@ def test_parser_grammar_params() -> None:
     }
     assert REASONING_PARSERS["deepseek-r1"].grammar_params(special) == {"think_end_ids": [end]}
     plain = tokenizer()
-    assert REASONING_PARSERS["qwen3"].grammar_params(plain) == {}
     ends = plain.encode("</think>", add_special_tokens=False)
+    starts = plain.encode("<think>", add_special_tokens=False)
+    assert REASONING_PARSERS["qwen3"].grammar_params(plain) == {
+        "think_end_ids": ends,
+        "think_start_ids": starts,
+    }
     assert REASONING_PARSERS["deepseek-r1"].grammar_params(plain) == {"think_end_ids": ends}
 
 

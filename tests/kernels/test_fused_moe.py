@@ -6,7 +6,15 @@ import pytest
 import torch
 
 from radixlm.kernels._triton import HAS_TRITON
-from radixlm.kernels.fused_moe import align_pairs, fused_moe
+from radixlm.kernels.fused_moe import (
+    INTERPRET_CONFIG,
+    SMALL_PAIRS,
+    MoEConfig,
+    MoEGemvConfig,
+    align_pairs,
+    fused_moe,
+    moe_config,
+)
 from radixlm.kernels.testing import assert_close
 from radixlm.runtime.models.moe import fused_moe_torch, route
 
@@ -47,5 +55,35 @@ def test_fused_moe_matches_reference(device, tokens, experts, top_k, dtype) -> N
     w2 = (torch.randn(experts, hidden, inter, device=device) * 0.1).to(dtype)
     logits = torch.randn(tokens, experts, device=device)
     weights, ids = route(logits, top_k, renormalize=True, dtype=dtype)
-    out = fused_moe(x, w13, w2, weights, ids)
+    out = fused_moe(x, w13, w2, weights, ids, INTERPRET_CONFIG)  # the sorted grouped GEMM
     assert_close(out, fused_moe_torch(x, w13, w2, weights, ids), dtype, "fused moe")
+
+
+@pytest.mark.parametrize(
+    ("tokens", "experts", "top_k", "dtype"),
+    [
+        (1, 8, 2, torch.float32),
+        (3, 4, 2, torch.float32),  # tokens sharing experts
+        (2, 8, 3, torch.float16),
+        (1, 8, 4, torch.bfloat16),
+    ],
+)
+def test_small_t_gemv_path_matches_reference(device, tokens, experts, top_k, dtype) -> None:
+    """The sorting-free GEMV path (decode: a few (token, expert) pairs) against the reference,
+    with hidden and inter not multiples of its tiles (masked rows and K tails)."""
+    hidden, inter = 72, 40
+    x = torch.randn(tokens, hidden, device=device, dtype=dtype)
+    w13 = (torch.randn(experts, 2 * inter, hidden, device=device) * 0.1).to(dtype)
+    w2 = (torch.randn(experts, hidden, inter, device=device) * 0.1).to(dtype)
+    weights, ids = route(torch.randn(tokens, experts, device=device), top_k, False, dtype)
+    cfg = MoEGemvConfig(16, 32, 4, 8, 16, 4)  # each kernel its own tiles
+    out = fused_moe(x, w13, w2, weights, ids, cfg)
+    assert_close(out, fused_moe_torch(x, w13, w2, weights, ids), dtype, "fused moe gemv")
+
+
+def test_default_config_takes_the_gemv_path_for_few_pairs() -> None:
+    """Untimed defaults: decode-sized T * k runs the GEMV path, larger batches the grouped GEMM
+    (start-up timing, `select_moe_config`, then picks per batch bucket on the GPU)."""
+    assert isinstance(moe_config(1 * 8), MoEGemvConfig)
+    assert isinstance(moe_config(SMALL_PAIRS), MoEGemvConfig)
+    assert isinstance(moe_config(SMALL_PAIRS + 1), MoEConfig)

@@ -131,3 +131,79 @@ def test_rotary_store_kv_fp8_pool(device: str, fp8: torch.dtype) -> None:
     assert torch.equal(v_buf.view(torch.uint8), v_buf_ref.view(torch.uint8))
     fp8_max = torch.finfo(fp8).max
     assert v_buf[loc[2], 1, :2].float().tolist() == [fp8_max, -fp8_max]
+
+
+def _hf_apply_partial(
+    x: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor
+) -> torch.Tensor:
+    """HF Phi-3's partial rotary: the first cache-width dims rotated, the rest passed through."""
+    rot = cache.shape[1]
+    return torch.cat([_hf_apply(x[..., :rot], positions, cache), x[..., rot:]], dim=-1)
+
+
+def test_partial_reference_matches_hf_formula() -> None:
+    q, k = torch.randn(6, 4, 32), torch.randn(6, 2, 32)
+    pos = torch.tensor([0, 5, 3, 99, 1, 42])
+    cache = _cache(24, 128, "cpu")  # rotary_dim 24 of head_dim 32 (Phi-4-mini: 96 of 128)
+    exp_q, exp_k = _hf_apply_partial(q, pos, cache), _hf_apply_partial(k, pos, cache)
+    rotary_embedding_ref(pos, q, k, cache)
+    torch.testing.assert_close(q, exp_q, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(k, exp_k, atol=1e-5, rtol=1e-5)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("head_dim", "rotary_dim"), [(32, 24), (16, 12), (64, 16)])
+def test_partial_rotary_store_kv_matches_reference(
+    device: str, dtype: torch.dtype, head_dim: int, rotary_dim: int
+) -> None:
+    """Partial rotary (rotary_dim < head_dim, half not a power of two for 24 and 12): q/k rotated
+    in their first rotary_dim dims only, the rest untouched, in both kernels; the pool receives
+    the whole k (rotated and passed-through dims) and v."""
+    tokens, slots, heads, kv_heads = 5, 16, 4, 2
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, device=device).to(dtype)
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], 1)
+    q, k, v = (x.view(tokens, -1, head_dim) for x in (q, k, v))
+    positions = torch.tensor([3, 0, 17, 9, 63], device=device)
+    loc = torch.tensor([7, 2, 11, 15, 4], device=device)
+    cache = _cache(rotary_dim, 64, device)
+    q0, k0 = q.clone(), k.clone()
+    q_ref, k_ref = q.clone(), k.clone()
+    rotary_embedding_ref(positions, q_ref, k_ref, cache)
+    assert torch.equal(q_ref[..., rotary_dim:], q0[..., rotary_dim:])
+    atol, rtol = TOL[dtype]
+    rotary_embedding(positions, q, k, cache)
+    torch.testing.assert_close(q, q_ref, atol=atol, rtol=rtol)
+    torch.testing.assert_close(k, k_ref, atol=atol, rtol=rtol)
+    assert torch.equal(q[..., rotary_dim:], q0[..., rotary_dim:])
+    q.copy_(q0)
+    k.copy_(k0)
+    k_buf = torch.randn(slots, kv_heads, head_dim, device=device).to(dtype)
+    v_buf = torch.randn(slots, kv_heads, head_dim, device=device).to(dtype)
+    k_buf_ref, v_buf_ref = k_buf.clone(), v_buf.clone()
+    store_kv_ref(k_buf_ref, v_buf_ref, loc, k_ref, v)
+    rotary_store_kv(positions, q, k, v, cache, k_buf, v_buf, loc)
+    torch.testing.assert_close(q, q_ref, atol=atol, rtol=rtol)
+    torch.testing.assert_close(k_buf, k_buf_ref, atol=atol, rtol=rtol)
+    assert torch.equal(k_buf[loc][..., rotary_dim:], k0[..., rotary_dim:])
+    assert torch.equal(v_buf, v_buf_ref)
+
+
+@needs_triton
+def test_partial_rotary_store_kv_fp8_pool(device: str) -> None:
+    """Into an FP8 pool the passed-through k dims are quantised like the rotated ones."""
+    tokens, slots, heads, kv_heads, dim, rot, dtype = 5, 16, 4, 2, 32, 24, torch.bfloat16
+    k_scale, v_scale = 0.37, 2.0
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, device=device).to(dtype)
+    q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], 1)
+    q, k, v = (x.view(tokens, -1, dim) for x in (q, k, v))
+    positions = torch.tensor([3, 0, 17, 9, 63], device=device)
+    loc = torch.tensor([7, 2, 11, 15, 4], device=device)
+    cache = _cache(rot, 64, device)
+    k_buf = torch.zeros(slots, kv_heads, dim, device=device).to(torch.float8_e4m3fn)
+    v_buf = torch.zeros_like(k_buf)
+    rotary_store_kv(positions, q, k, v, cache, k_buf, v_buf, loc, k_scale, v_scale)
+    k_buf_ref, v_buf_ref = torch.zeros_like(k_buf), torch.zeros_like(v_buf)
+    store_kv_ref(k_buf_ref, v_buf_ref, loc, k, v, k_scale, v_scale)
+    assert torch.equal(k_buf.view(torch.uint8), k_buf_ref.view(torch.uint8))
+    assert torch.equal(v_buf.view(torch.uint8), v_buf_ref.view(torch.uint8))

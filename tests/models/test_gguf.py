@@ -20,9 +20,11 @@ IDS = [1, 5, 17, 250, 3, 99, 42, 7, 7, 7, 128, 64, 11, 2, 3, 255, 0, 9, 31, 200]
 ARCH = {
     "qwen3": gguf.MODEL_ARCH.QWEN3,
     "qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE,
+    "qwen2_moe": gguf.MODEL_ARCH.QWEN2MOE,
     "gemma2": gguf.MODEL_ARCH.GEMMA2,
     "gemma3": gguf.MODEL_ARCH.GEMMA3,
     "phi3": gguf.MODEL_ARCH.PHI3,
+    "phi4_mini": gguf.MODEL_ARCH.PHI3,  # partial rotary: rope.dimension_count < head_dim
     "mixtral": gguf.MODEL_ARCH.LLAMA,  # llama.cpp: a llama with experts
 }
 
@@ -69,12 +71,18 @@ def _write_gguf(model, name: str, path: str) -> None:
         w.add_expert_used_count(cfg.num_experts_per_tok)
         w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
         w.add_expert_weights_norm(cfg.norm_topk_prob)
+    if name == "qwen2_moe":
+        w.add_expert_count(cfg.num_experts)
+        w.add_expert_used_count(cfg.num_experts_per_tok)
+        w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+        w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
     if name == "gemma2":
         w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
         w.add_final_logit_softcapping(cfg.final_logit_softcapping)
     if name == "gemma3":
         w.add_rope_freq_base_swa(cfg.rope_parameters["sliding_attention"]["rope_theta"])
-    if name == "phi3":
+    if name.startswith("phi"):
+        w.add_rope_dimension_count(int(cfg.head_dim * rope.get("partial_rotary_factor", 1.0)))
         w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
         w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], np.float32))
         w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], np.float32))
@@ -109,8 +117,11 @@ def _write_gguf(model, name: str, path: str) -> None:
 
 @pytest.mark.parametrize("name", list(ARCH))
 def test_gguf_matches_transformers(tmp_path, name) -> None:
-    # llama.cpp's qwen3moe has no dense layers (nor do the released models)
-    extra = {"mlp_only_layers": []} if name == "qwen3_moe" else {}
+    # llama.cpp's qwen3moe / qwen2moe have no dense layers (nor do the released models), and
+    # its qwen2moe no sliding windows
+    extra: dict = {"mlp_only_layers": []} if name in ("qwen3_moe", "qwen2_moe") else {}
+    if name == "qwen2_moe":
+        extra["use_sliding_window"] = False
     if name.startswith("gemma"):  # llama.cpp: 1/sqrt(head_dim) below 27B (no GGUF key)
         extra["query_pre_attn_scalar"] = TINY[name]["head_dim"]
     hf = save_tiny(name, str(tmp_path / "hf"), **extra)

@@ -57,11 +57,12 @@ def test_gemma3_image_text_checkpoint_runs_its_text_decoder(tmp_path) -> None:
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["gemma3", "qwen3"])
+@pytest.mark.parametrize("name", ["gemma3", "qwen3", "phi4_mini"])
 def test_gpu_model_path_in_the_interpreter(tmp_path, name) -> None:
     """The model's GPU path run by Triton's interpreter: fused RMSNorms (Gemma's unit offset, the
-    qk-norms), the rotary embedding fused with the K/V store (Gemma 3's local-layer rotary too)
-    and the triton attention backend with windows, against transformers."""
+    qk-norms), the rotary embedding fused with the K/V store (Gemma 3's local-layer rotary too,
+    Phi-4-mini's partial LongRoPE) and the triton attention backend with windows, against
+    transformers."""
     import dataclasses
 
     from radixlm.runtime.models.llama import RMSNorm
@@ -81,7 +82,7 @@ def test_gpu_model_path_in_the_interpreter(tmp_path, name) -> None:
     for module in model.modules():
         if isinstance(module, RMSNorm):
             module.fused = True
-    model.rotary = RotaryEmbedding(cfg, runner.context_len, runner.device, fused=True)
+    model.rotary = type(model.rotary)(cfg, runner.context_len, runner.device, fused=True)
     if cfg.rope_local_theta is not None:
         local = dataclasses.replace(cfg, rope_theta=cfg.rope_local_theta, rope_scaling=None)
         local_rotary = RotaryEmbedding(local, runner.context_len, runner.device, fused=True)

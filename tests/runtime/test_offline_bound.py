@@ -44,3 +44,25 @@ def test_cli_help_parses() -> None:
     with pytest.raises(SystemExit) as exc:
         main(["--help"])
     assert exc.value.code == 0
+
+
+def test_moe_weight_reads_grow_with_the_batch() -> None:
+    """A mixture of experts: a decode token reads the router and its k experts; a batch reads
+    every expert some token routes to (E * (1 - (1 - k / E) ** B) on average), so the offline
+    bound's per-step weight reads are those of the whole batch."""
+    from radixlm.bench.gpu_common import linear_params_per_layer, weight_bytes
+
+    # 1 sparse layer, hidden 4, 8 experts of 2 active, expert intermediate 2 (3 * 2 * 4 = 24 each)
+    moe = SimpleNamespace(
+        **{**vars(CFG), "num_hidden_layers": 1, "num_experts": 8, "num_experts_per_tok": 2},
+        moe_intermediate_size=2,
+        moe_layers=(True,),
+    )
+    attn = 48  # (4 + 2 * 2) * 4 + 4 * 4
+    assert linear_params_per_layer(moe) == attn + 8 * 4 + 2 * 24
+    many = linear_params_per_layer(moe, batch=64)
+    assert many == round(attn + 8 * 4 + 8 * (1 - 0.75**64) * 24)  # ~ all 8 experts
+    b = offline_bound(moe, 64, 5, 4, 1e30, 100.0)  # weight reads dominate the decode linears
+    assert b.decode_linear_s == pytest.approx(3 * weight_bytes(moe, batch=64) / 100)
+    shared = SimpleNamespace(**vars(moe), shared_expert_intermediate_size=3)
+    assert linear_params_per_layer(shared) == linear_params_per_layer(moe) + 3 * 3 * 4 + 4

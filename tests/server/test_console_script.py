@@ -3,8 +3,8 @@
 about that process: `--served-model-name`, `PUT /generate`, a request log line per request that
 never holds prompt text, `/flush_cache` refused while busy, `/abort_request` by the rid of an
 `n > 1` request ending its `rid-k` sub-requests, SIGINT draining and a second signal
-aborting at once (exit code 0, no child left), and children that exit on their own when the
-server is killed."""
+aborting at once (exit code 0, no child left), a third signal exiting without waiting for a
+request that cannot end, and children that exit on their own when the server is killed."""
 
 from __future__ import annotations
 
@@ -125,6 +125,53 @@ def test_children_exit_when_the_server_is_killed(start_server, tiny_model_args):
     other.proc.kill()
     other.proc.wait(60)
     wait_until(lambda: not any(pid_alive(p) for p in children), "the orphaned children to exit")
+
+
+def test_a_third_signal_exits_without_waiting(start_server, tiny_model_args):
+    """The gate: the scheduler is stopped (SIGSTOP) while a stream is in flight, so neither the
+    drain (first SIGINT, LONG_DRAIN_S) nor the abort (second SIGINT, which waits for the aborted
+    request's final chunk up to the same timeout) can end it. The third SIGINT exits: code 0,
+    the stream is cut without a final chunk, and no child is left (the stopped one is killed)."""
+    other = start_server(
+        *tiny_model_args, "--shutdown-timeout", str(LONG_DRAIN_S), "--context-length", "32768",
+        "--max-total-tokens", "65536", command=console_script(),
+    )  # fmt: skip
+    info = other.info()
+    children = [info["scheduler_pid"], info["detokenizer_pid"]]
+    started = threading.Event()
+    results: list = []
+    errors: list[Exception] = []
+
+    def run() -> None:
+        body = {"text": "Long.", "stream": True, "sampling_params": LONG}
+        try:
+            with httpx.stream("POST", other.base_url + "/generate", json=body, timeout=None) as r:
+                for event in sse_events(r.iter_lines()):
+                    started.set()
+                    results.append(event)
+        except httpx.HTTPError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        assert started.wait(120)
+        os.kill(info["scheduler_pid"], signal.SIGSTOP)
+        other.proc.send_signal(signal.SIGINT)
+        wait_until(lambda: "waiting up to" in other.logs(), "the drain to start")
+        other.proc.send_signal(signal.SIGINT)
+        wait_until(lambda: "aborting 1 request(s)" in other.logs(), "the abort to be sent")
+        assert thread.is_alive() and other.proc.poll() is None  # held: the scheduler is stopped
+        other.proc.send_signal(signal.SIGINT)
+        assert other.proc.wait(120) == 0
+    finally:
+        if pid_alive(info["scheduler_pid"]):
+            os.kill(info["scheduler_pid"], signal.SIGCONT)
+    thread.join(120)
+    assert not thread.is_alive()
+    assert "[DONE]" not in results and errors, (results[-2:], errors)
+    assert all(e["meta_info"]["finish_reason"] is None for e in results if isinstance(e, dict))
+    wait_until(lambda: not any(pid_alive(p) for p in children), "the children to exit")
 
 
 def test_sigint_drains_and_a_second_signal_aborts_at_once(server):

@@ -1,6 +1,7 @@
-"""Applying the packed grammar bitmask to CPU logits with numpy (the sampler's CPU path).
+"""Applying the packed grammar bitmask to CPU logits with numpy: the sampler's CPU path
+(runtime/sampling/sampler.py), beside the Triton kernel and its torch reference (token_bitmask.py).
 
-Same semantics as `kernels.token_bitmask.apply_token_bitmask_inplace_ref` (bit j of word w
+Same semantics as `token_bitmask.apply_token_bitmask_inplace_ref` (bit j of word w
 allows token 32 * w + j; columns past the mask are disallowed), but single-threaded numpy per
 constrained row: torch's version runs multi-threaded over the whole `[B, V]` batch, and on a
 busy 2-core machine its OpenMP barriers cost tens of milliseconds per step (measured: 0.4 ms on

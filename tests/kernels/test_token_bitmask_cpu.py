@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from radixlm.kernels.token_bitmask import apply_token_bitmask_inplace_ref
-from radixlm.runtime.constrained.bitmask_cpu import apply_bitmask_cpu
+from radixlm.kernels.token_bitmask_cpu import apply_bitmask_cpu
 
 
 @pytest.mark.parametrize("vocab", [64, 100, 49152, 49152 + 37])

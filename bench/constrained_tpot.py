@@ -1,0 +1,45 @@
+"""The decode-step cost of a grammar mask, for `radixlm bench constrained` (e2e section) and its
+backends section: the same prompts unconstrained and with a mask on every row, on one Engine."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from radixlm.bench import constrained_workloads as W
+
+
+def timed(engine: Any, prompts: list[str], params: dict[str, Any]) -> tuple[float, int, list]:
+    f0 = engine.get_server_info()["forward_ct"]
+    t = time.perf_counter()
+    outs = engine.generate(prompts, [dict(params) for _ in prompts])
+    wall = time.perf_counter() - t
+    return wall, engine.get_server_info()["forward_ct"] - f0, outs
+
+
+def bench_tpot(
+    engine: Any, batch_sizes: list[int], new_tokens: int, repeats: int = 3
+) -> dict[str, Any]:
+    """ms per decode step, unconstrained vs a mask on every row, interleaved `repeats` times
+    (best kept): step time = (t(new_tokens) - t(1 token)) / the forwards in between."""
+    modes = {
+        "unconstrained": {"temperature": 0, "ignore_eos": True},
+        # NOTE: a mask on every row every step; min_new_tokens keeps the length fixed.
+        "constrained": {"temperature": 0, "regex": "[a-z ,.]+"},
+    }
+    out: dict[str, Any] = {}
+    for bs in batch_sizes:
+        prompts = W.extraction_prompts(bs)
+        for params in modes.values():
+            timed(engine, prompts, {**params, "max_new_tokens": 2})  # warm: prefix + grammar
+        for _ in range(repeats):
+            for name, params in modes.items():
+                t1, s1, _ = timed(engine, prompts, {**params, "max_new_tokens": 1})
+                fixed = {**params, "max_new_tokens": new_tokens, "min_new_tokens": new_tokens}
+                tn, sn, outs = timed(engine, prompts, fixed)
+                step_ms = 1e3 * (tn - t1) / max(sn - s1, 1)
+                key = f"{name}_b{bs}_ms"
+                out[key] = min(out.get(key, float("inf")), step_ms)
+                out[f"{name}_b{bs}_tokens"] = sum(o["meta_info"]["completion_tokens"] for o in outs)
+        out[f"overhead_b{bs}"] = out[f"constrained_b{bs}_ms"] / out[f"unconstrained_b{bs}_ms"] - 1
+    return out
