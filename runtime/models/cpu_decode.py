@@ -29,7 +29,8 @@ from radixlm.kernels.cpu import decode as dk
 if TYPE_CHECKING:
     from radixlm.runtime.attention.base import AttentionBackend
     from radixlm.runtime.executor.forward_batch import ForwardBatch
-    from radixlm.runtime.models.llama import Linear, LlamaForCausalLM
+    from radixlm.runtime.models.linear import Linear
+    from radixlm.runtime.models.llama import LlamaForCausalLM
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ into one matmul each; weights load from Hugging Face names (see `load_weights`, 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
