@@ -2,9 +2,9 @@
 
 Drives a `ModelRunner` directly (no scheduler process): a prompt is prefilled, then `--steps`
 greedy decode steps run under `torch.profiler`, and the table of operators by self CPU time is
-printed, with the mean wall time per step beside it. For finding overhead (the share of time
-outside the linear kernels), not for speed figures: those come from `radixlm bench offline` on a
-quiet machine (docs/benchmarks.md).
+printed, with the number of torch operators per decode step and the mean wall time per step. For
+finding overhead (operator counts and shares mean something even on a loaded machine), not for
+speed figures: those come from `radixlm bench offline` on a quiet machine (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -70,6 +70,11 @@ def main(argv: list[str] | None = None) -> None:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         _, per_step = decode_steps(runner, prompt, a.steps)
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=a.rows))
+    ops = sum(e.count for e in prof.key_averages())
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        decode_steps(runner, prompt, 1)  # the prefill alone, to subtract
+    ops -= sum(e.count for e in prof.key_averages())
+    print(f"{ops / max(a.steps - 1, 1):.0f} torch operators per decode step (logits included)")
     _, plain = decode_steps(runner, prompt, a.steps)
     print(f"{plain * 1e3:.1f} ms per decode step without the profiler ({per_step * 1e3:.1f} with)")
 

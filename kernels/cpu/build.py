@@ -1,6 +1,6 @@
-"""Build and load the CPU kernel library (`linear.cpp`) once per machine, into a cache folder.
+"""Build and load the CPU kernel library once per machine, into a cache folder.
 
-The sources (`linear.cpp`, `attention.cpp`, `norm.cpp`) compile into one shared library per instruction set: `avx512` (AVX-512 F/BW/VL/DQ +
+The sources (`linear.cpp`, `attention.cpp`, `norm.cpp`, `decode.cpp`) compile into one shared library per instruction set: `avx512` (AVX-512 F/BW/VL/DQ +
 AVX2/FMA/F16C) and `avx2` (AVX2/FMA/F16C). `load()` picks the widest one this CPU runs (torch's
 own run-time detection, `torch.backends.cpu.get_cpu_capability()`), builds it on first use with
 the system C++ compiler (`$CXX`, else g++ or c++; OpenMP) into
@@ -27,8 +27,10 @@ import tempfile
 logger = logging.getLogger(__name__)
 
 _DIR = os.path.dirname(__file__)
-_SOURCES = [os.path.join(_DIR, f) for f in ("linear.cpp", "attention.cpp", "norm.cpp")]
-_HEADERS = [os.path.join(_DIR, f) for f in ("linear_simd.h", "kquants.h")]
+_SOURCES = [
+    os.path.join(_DIR, f) for f in ("linear.cpp", "attention.cpp", "norm.cpp", "decode.cpp")
+]
+_HEADERS = [os.path.join(_DIR, f) for f in ("linear_simd.h", "kquants.h", "gemv.h", "attention.h")]
 _FLAGS = {
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
     "avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"],
@@ -100,6 +102,10 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.rl_decode_attention.restype = i32
     lib.rl_rmsnorm.argtypes = [p, p, p, ctypes.c_float, i64, i64, p, p]
     lib.rl_rmsnorm.restype = i32
+    lib.rl_decode_scratch.argtypes = [p, i64]
+    lib.rl_decode_scratch.restype = i64
+    lib.rl_decode_step.argtypes = [p, p, p, p, p, p, i64, p, p]
+    lib.rl_decode_step.restype = i32
     for fn in (lib.rl_linear_dense, lib.rl_linear_quant, lib.rl_dequant, lib.rl_simd_width):
         fn.restype = i32
     return lib

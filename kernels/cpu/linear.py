@@ -7,8 +7,8 @@ memory once per call); `dequant(blocks, qtype, k)` expands GGUF blocks to fp32 f
 kernel library is unavailable (`build.load()`), so callers fall back to the references.
 
 GGUF blocks arrive as a uint8 tensor `[N, row_bytes(qtype, K)]`: one row of blocks per output
-row (as read from the file), ggml type ids `Q8_0 = 8`, `Q4_0 = 2`, `Q4_1 = 3` (32 values per
-block) and the K-quants `Q4_K = 12`, `Q5_K = 13`, `Q6_K = 14` (256 per super-block; their torch
+row (as read from the file), ggml type ids `Q8_0 = 8`, `Q4_0 = 2`, `Q4_1 = 3`, `Q5_0 = 6`,
+`Q5_1 = 7` (32 values per block) and the K-quants `Q4_K = 12`, `Q5_K = 13`, `Q6_K = 14` (256 per super-block; their torch
 references live in `kquants.py`).
 """
 
@@ -18,11 +18,13 @@ import torch
 
 from radixlm.kernels.cpu import build, kquants
 
-Q4_0, Q4_1, Q8_0 = 2, 3, 8
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 2, 3, 6, 7, 8
 Q4_K, Q5_K, Q6_K = kquants.Q4_K, kquants.Q5_K, kquants.Q6_K
-BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34, **kquants.BLOCK_BYTES}  # the types with a kernel
-BLOCK_ELEMS = {Q4_0: 32, Q4_1: 32, Q8_0: 32, Q4_K: 256, Q5_K: 256, Q6_K: 256}
-QTYPE_NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"}
+# the types with a kernel (gemv.h's layouts)
+BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q5_0: 22, Q5_1: 24, Q8_0: 34, **kquants.BLOCK_BYTES}
+BLOCK_ELEMS = {Q4_0: 32, Q4_1: 32, Q5_0: 32, Q5_1: 32, Q8_0: 32, Q4_K: 256, Q5_K: 256, Q6_K: 256}
+QTYPE_NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q8_0: "Q8_0"}
+QTYPE_NAMES.update({Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"})
 _WTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _threads = 0
 
@@ -102,7 +104,7 @@ def dequant(blocks: torch.Tensor, qtype: int, k: int) -> torch.Tensor | None:
 
 
 def dequant_ref(blocks: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
-    """The same blocks expanded with torch ops (the layout in `linear.cpp`'s header)."""
+    """The same blocks expanded with torch ops (the layouts in `gemv.h`'s header)."""
     n = blocks.shape[0]
     if qtype in kquants.BLOCK_BYTES:
         return kquants.dequant_ref(blocks, qtype).view(n, k)
@@ -110,10 +112,19 @@ def dequant_ref(blocks: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
     d = b[:, :2].contiguous().view(torch.float16).float()
     if qtype == Q8_0:
         return (b[:, 2:].contiguous().view(torch.int8).float() * d).view(n, k)
-    qs = b[:, 4:] if qtype == Q4_1 else b[:, 2:]
-    q = torch.cat([qs & 0x0F, qs >> 4], dim=1).float()
-    m = b[:, 2:4].contiguous().view(torch.float16).float() if qtype == Q4_1 else -8.0 * d
-    return (q * d + m).view(n, k)
+    has_min, five = qtype in (Q4_1, Q5_1), qtype in (Q5_0, Q5_1)
+    start = (4 if has_min else 2) + (4 if five else 0)
+    qs = b[:, start:]
+    q = torch.cat([qs & 0x0F, qs >> 4], dim=1)
+    if five:  # bit j of the little-endian uint32 qh is bit 4 of element j
+        qh = b[:, start - 4 : start].to(torch.int64)
+        bits = qh[:, 0] | qh[:, 1] << 8 | qh[:, 2] << 16 | qh[:, 3] << 24
+        q = q | (((bits[:, None] >> torch.arange(32)) & 1) << 4).to(torch.uint8)
+    if has_min:
+        m = b[:, 2:4].contiguous().view(torch.float16).float()
+    else:
+        m = (-16.0 if five else -8.0) * d
+    return (q.float() * d + m).view(n, k)
 
 
 def linear_quant_ref(x: torch.Tensor, blocks: torch.Tensor, qtype: int, k: int) -> torch.Tensor:

@@ -65,7 +65,7 @@ static inline float bf16_to_float(uint16_t h) {
 }
 
 enum WType { W_F32 = 0, W_F16 = 1, W_BF16 = 2 };
-enum QType { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };  // ggml type ids
+enum QType { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };  // ggml ids
 
 // acc + 16 byte values (unsigned / signed) of `q` times x[0..15], widened to fp32.
 static inline vf madd16_u8(__m128i q, const float* x, vf acc) {

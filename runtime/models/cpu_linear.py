@@ -204,4 +204,8 @@ def setup_cpu_model(
         else:
             head = CpuLinear(emb.contiguous())
     mode = "+".join(sorted(layers, key=lambda m: (-layers[m], m)))  # most layers first
+    if cl.available() and hasattr(model, "cpu_decode"):
+        from radixlm.runtime.models.cpu_decode import CpuDecode
+
+        model.cpu_decode = CpuDecode(model)  # NOTE: decides on first use (needs the KV pool)
     return CpuSetup(mode, layers, head)

@@ -7,7 +7,7 @@ into one matmul each; weights load from Hugging Face names (see `load_weights`, 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -149,6 +149,10 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    # NOTE: set on CPU after loading (runtime/models/cpu_decode.py): runs a decode batch's whole
+    # forward in one C++ call, or returns None to leave it to the layers below.
+    cpu_decode: Callable[[ForwardBatch, AttentionBackend], torch.Tensor | None] | None = None
+
     def __init__(
         self, config: ModelConfig, max_positions: int, device: torch.device, fused_ops: bool = False
     ) -> None:
@@ -187,6 +191,10 @@ class LlamaForCausalLM(nn.Module):
         # layer's attention, MLP and the final norm run for those rows only: ~3 % of a 32-layer
         # prefill's FLOPs saved, the same math.
         """
+        if batch.is_decode and self.cpu_decode is not None:
+            out = self.cpu_decode(batch, attn)  # the whole step in one C++ call (CPU)
+            if out is not None:
+                return out
         hidden = self.embed_tokens(batch.input_ids)
         residual = None
         rows_only = batch.last_layer_rows_only

@@ -23,7 +23,7 @@ from radixlm.kernels.cpu import linear as cl
 needs_lib = pytest.mark.skipif(
     build.isa() is None or build.compiler() is None, reason="no AVX2 CPU or no C++ compiler"
 )
-QTYPES = {cl.Q8_0: "Q8_0", cl.Q4_0: "Q4_0", cl.Q4_1: "Q4_1"}
+QTYPES = {cl.Q8_0: "Q8_0", cl.Q4_0: "Q4_0", cl.Q4_1: "Q4_1", cl.Q5_0: "Q5_0", cl.Q5_1: "Q5_1"}
 KQTYPES = {cl.Q4_K: "Q4_K", cl.Q5_K: "Q5_K", cl.Q6_K: "Q6_K"}
 
 
@@ -45,7 +45,7 @@ def test_dense_matches_reference(dtype: torch.dtype, m: int, n: int, k: int) -> 
 
 @needs_lib
 @pytest.mark.parametrize("qtype", list(QTYPES))
-@pytest.mark.parametrize(("m", "n", "k"), [(1, 64, 576), (5, 37, 1536)])
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 64, 576), (5, 37, 1536), (11, 20, 64)])
 def test_quant_matches_gguf_dequantize(qtype: int, m: int, n: int, k: int) -> None:
     w = torch.randn(n, k)
     blocks = _blocks(w, qtype)
@@ -91,7 +91,7 @@ def test_avx2_library_block_kernels() -> None:
     lib = build._bind(ctypes.CDLL(build.build("avx2", build.compiler())))
     assert lib.rl_simd_width() == 8
     rng = np.random.default_rng(7)
-    m, n, k = 3, 11, 512
+    m, n, k = 7, 11, 512  # 4 + 2 + 1 rows: every batched-row path of the 8-lane build
     x = torch.randn(m, k)
     for qtype, name in {**QTYPES, **KQTYPES}.items():
         if qtype in KQTYPES:

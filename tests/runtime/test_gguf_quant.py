@@ -79,7 +79,7 @@ def _runner(path, **kwargs) -> ModelRunner:
     return ModelRunner(args, resolve_model(str(path)))
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"])
 def test_blocks_stay_quantised_and_match_fp32(tmp_path, qtype: str) -> None:
     path = tmp_path / f"tiny-{qtype}.gguf"
     write_gguf(path, qtype)
@@ -97,11 +97,11 @@ def test_blocks_stay_quantised_and_match_fp32(tmp_path, qtype: str) -> None:
 
 
 def test_mixed_k_quant_file(tmp_path) -> None:
-    """A Q4_K_M-like file: attn_v and ffn_down in Q6_K, the rest Q4_K, plus attn_output in Q5_0
+    """A Q4_K_M-like file: attn_v and ffn_down in Q6_K, the rest Q4_K, plus attn_output in F16
     (no block kernel). The fused qkv (Q4_K q/k + Q6_K v) runs two block kernels, o_proj runs
     de-quantised; the mode names every form, and logits and greedy tokens equal the fp32 path's."""
     path = tmp_path / "tiny-mixed.gguf"
-    write_gguf(path, "Q4_K", {"attn_v": "Q6_K", "ffn_down": "Q6_K", "attn_output": "Q5_0"})
+    write_gguf(path, "Q4_K", {"attn_v": "Q6_K", "ffn_down": "Q6_K", "attn_output": "F16"})
     dense = _runner(path, dtype="float32")
     quant = _runner(path, quantization="gguf")
     assert quant.cpu.layers == {"Q4_K": 2 * LAYERS, "Q6_K": 2 * LAYERS, "float32": LAYERS}

@@ -1,0 +1,125 @@
+"""The whole-step CPU decode (runtime/models/cpu_decode.py, kernels/cpu/decode.cpp) on the default
+model: it runs (a handful of torch operators per step instead of thousands), and it computes what
+the layer-by-layer torch path computes: hidden states of a batch of requests of different lengths,
+and greedy tokens, in the default mode (the file's Q4_1 blocks) and in fp32."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from radixlm.bench.cpu_profile import decode_steps
+from radixlm.kernels.cpu import build
+from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
+from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.models.loader import resolve_model
+from radixlm.runtime.server_args import ServerArgs
+
+pytestmark = pytest.mark.skipif(
+    build.isa() is None or build.compiler() is None, reason="no AVX2 CPU or no C++ compiler"
+)
+PROMPTS = [[1, 9690, 28, 2545, 314], list(range(100, 137)), [1, 504, 3458, 282, 1345, 30, 2] * 3]
+
+
+def _t(values: list[int]) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64)
+
+
+@pytest.fixture(scope="module", params=["auto", "float32"])
+def runner(request) -> ModelRunner:
+    args = ServerArgs(
+        dtype=request.param, device="cpu", max_total_tokens=1024, max_running_requests=4
+    )
+    return ModelRunner(args, resolve_model(None))
+
+
+def _decode_batch(runner: ModelRunner) -> tuple[ForwardBatch, list[torch.Tensor], list[int]]:
+    """Prefill PROMPTS (one EXTEND each), then the DECODE batch of one new token per request."""
+    rows, slots = [], []
+    for p in PROMPTS:
+        n = len(p)
+        row = runner.req_to_token.alloc()
+        s = runner.kv_pool.allocator.alloc(n + 1)
+        runner.req_to_token.write(row, 0, s)
+        batch = ForwardBatch(
+            ForwardMode.EXTEND, 1, _t(p), _t(list(range(n))), s[:n], _t([row]), _t([n]), [n],
+            [0], [n], _t([0]), _t([n]), _t([0]), _t([n - 1]), [n - 1],
+        )  # fmt: skip
+        runner.forward(batch)
+        rows.append(row)
+        slots.append(s)
+    lens = [len(p) + 1 for p in PROMPTS]
+    batch = ForwardBatch(
+        ForwardMode.DECODE, len(PROMPTS), _t([11, 22, 33]), _t([n - 1 for n in lens]),
+        torch.stack([s[-1] for s in slots]), _t(rows), _t(lens), lens,
+    )  # fmt: skip
+    return batch, slots, rows
+
+
+def _release(runner: ModelRunner, slots: list[torch.Tensor], rows: list[int]) -> None:
+    for s, row in zip(slots, rows):
+        runner.kv_pool.allocator.free(s)
+        runner.req_to_token.free(row)
+
+
+def test_step_is_one_call_and_matches_the_layer_path(runner: ModelRunner) -> None:
+    assert runner.model.cpu_decode is not None
+    batch, slots, rows = _decode_batch(runner)
+    try:
+        runner.forward(batch)  # NOTE: the first call describes the model; count a later one
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            fast = runner.compute_logits(runner.forward(batch))
+        assert runner.model.cpu_decode._step is not None  # the C++ step ran
+        ops = sum(e.count for e in prof.key_averages())
+        saved, runner.model.cpu_decode = runner.model.cpu_decode, None
+        try:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                slow = runner.compute_logits(runner.forward(batch))
+        finally:
+            runner.model.cpu_decode = saved
+        layer_ops = sum(e.count for e in prof.key_averages())
+    finally:
+        _release(runner, slots, rows)
+    print(f"torch operators per decode step: {ops} (layer by layer: {layer_ops})")
+    assert ops <= 25 < 1000 < layer_ops, (ops, layer_ops)
+    torch.testing.assert_close(fast, slow, rtol=1e-3, atol=2e-3)
+    assert torch.equal(fast.argmax(-1), slow.argmax(-1))
+
+
+def test_greedy_tokens_equal_the_layer_path(runner: ModelRunner) -> None:
+    prompt = PROMPTS[1]
+    fast = decode_steps(runner, prompt, 16)[0]
+    saved, runner.model.cpu_decode = runner.model.cpu_decode, None
+    try:
+        slow = decode_steps(runner, prompt, 16)[0]
+    finally:
+        runner.model.cpu_decode = saved
+    assert fast == slow
+
+
+def test_without_kernels_the_torch_path_decodes_the_same(runner: ModelRunner) -> None:
+    """RADIXLM_CPU_KERNELS=0 (as on a machine without a compiler): no C++ step, the torch layers
+    decode, and their greedy tokens are the C++ step's."""
+    code = (
+        "import json, sys\n"
+        "from radixlm.bench.cpu_profile import decode_steps\n"
+        "from radixlm.runtime.executor.model_runner import ModelRunner\n"
+        "from radixlm.runtime.models.loader import resolve_model\n"
+        "from radixlm.runtime.server_args import ServerArgs\n"
+        f"args = ServerArgs(dtype={runner.args.dtype!r}, device='cpu', max_total_tokens=256,"
+        " max_running_requests=2)\n"
+        "r = ModelRunner(args, resolve_model(None))\n"
+        "assert r.model.cpu_decode is None\n"
+        f"print(json.dumps(decode_steps(r, {PROMPTS[1]!r}, 12)[0]))\n"
+    )
+    env = {**os.environ, build.DISABLE_ENV: "0"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    want = decode_steps(runner, PROMPTS[1], 12)[0]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == want
