@@ -171,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="llama.cpp peer: median of N")
     parser.add_argument("--prefill-tokens", type=int, default=1024)
     parser.add_argument("--num-threads", type=int, default=None)
-    parser.add_argument("--dtype", default=None, help="radixlm's dtype (llama.cpp peer)")
+    parser.add_argument(
+        "--dtype", default=None, help="radixlm's dtype (default: the GGUF's blocks on CPU)"
+    )
     parser.add_argument(
         "--llamacpp-no-repack",
         action="store_true",
@@ -198,14 +200,15 @@ def main(argv: list[str] | None = None) -> int:
         from radixlm.runtime.models.hf_reference import HFReference
 
         ref = HFReference.default()
-        with Engine(log_level="warning") as engine:
+        with Engine(log_level="warning", **({"dtype": args.dtype} if args.dtype else {})) as engine:
+            mode = engine.get_server_info().get("weight_mode", "?")
             rows = []
             if "mixed" in workloads:
                 rows.append(bench_mixed(engine, ref, args.num_prompts))
             if "decode1" in workloads:
                 rows.append(bench_decode1(engine, ref, args.decode_tokens))
         results["vs_transformers"] = rows
-        print_table("radixlm vs transformers (same model, same prompts, fp32 CPU)", rows)
+        print_table(f"radixlm ({mode}) vs transformers fp32 (same model, same prompts, CPU)", rows)
     if "prefix" in workloads:
         results["shared_prefix"] = bench_prefix(args.num_prompts, args.answer_tokens)
         print_table("shared-prefix workload: radix cache on vs off", results["shared_prefix"])
