@@ -93,6 +93,11 @@ _ROUTER = re.compile(r"^(?P<layer>layers\.\d+)\.block_sparse_moe\.gate\.weight$"
 _PART = {"gate_proj": 0, "w1": 0, "up_proj": 1, "w3": 1, "down_proj": 2, "w2": 2}
 
 
+def is_sparse(config: ModelConfig, layer: int) -> bool:
+    """Whether decoder layer `layer` has a mixture-of-experts MLP (else a dense one)."""
+    return config.num_experts > 0 and config.moe_layers[layer]
+
+
 def moe_checkpoint_target(
     key: str, config: ModelConfig
 ) -> tuple[str, tuple[int, int] | None] | None:

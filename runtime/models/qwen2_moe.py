@@ -26,7 +26,7 @@ from torch import nn
 from radixlm.runtime.models.config import ModelConfig
 from radixlm.runtime.models.decoder import DecoderForCausalLM, DecoderLayer
 from radixlm.runtime.models.llama import LlamaAttention, LlamaMLP
-from radixlm.runtime.models.moe import SparseMoE, moe_checkpoint_target
+from radixlm.runtime.models.moe import SparseMoE, is_sparse, moe_checkpoint_target
 
 _SHARED = re.compile(
     r"^(?P<layer>layers\.\d+)\.mlp\.shared_expert\.(?P<proj>gate_proj|up_proj)\.weight$"
@@ -61,10 +61,6 @@ class SharedExpertMoE(SparseMoE):
         routed = super().forward(x)
         shared = self.shared_expert(x)
         return routed + torch.sigmoid(self.shared_expert_gate(x)) * shared
-
-
-def is_sparse(config: ModelConfig, layer: int) -> bool:
-    return config.num_experts > 0 and config.moe_layers[layer]
 
 
 class Qwen2MoeForCausalLM(DecoderForCausalLM):

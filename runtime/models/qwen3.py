@@ -10,11 +10,7 @@ from torch import nn
 from radixlm.runtime.models.config import ModelConfig
 from radixlm.runtime.models.decoder import DecoderForCausalLM, DecoderLayer, QKNormAttention
 from radixlm.runtime.models.llama import LlamaMLP
-from radixlm.runtime.models.moe import SparseMoE, moe_checkpoint_target
-
-
-def is_sparse(config: ModelConfig, layer: int) -> bool:
-    return config.num_experts > 0 and config.moe_layers[layer]
+from radixlm.runtime.models.moe import SparseMoE, is_sparse, moe_checkpoint_target
 
 
 class Qwen3ForCausalLM(DecoderForCausalLM):
