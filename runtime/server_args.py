@@ -32,6 +32,7 @@ LOAD_FORMATS = ("auto", "gguf", "safetensors", "dummy")
 DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16", "half", "float")
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
 QUANTIZATIONS = ("fp8", "gguf")
+SPECULATIVE_ALGORITHMS = ("NGRAM", "STANDALONE", "EAGLE", "EAGLE3")
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,18 @@ class ServerArgs:
     watchdog_timeout: float = 300.0
     # ---- parallelism ----
     dp_size: int = 1  # `radixlm serve`: replicas behind one endpoint and the router (router/dp.py)
+    tp_size: int = 1  # tensor parallelism: ranks per replica (runtime/distributed/)
+    nnodes: int = 1  # nodes the tp ranks span (SGLang's multi-node start-up)
+    node_rank: int = 0  # this node's index in 0..nnodes-1
+    dist_init_addr: str | None = None  # "host:port" of rank 0's rendezvous (None: loopback)
+    # ---- speculative decoding ---- (runtime/speculative/; SGLang's names)
+    speculative_algorithm: str | None = None  # None (off), NGRAM, STANDALONE, EAGLE, EAGLE3
+    speculative_draft_model_path: str | None = None  # STANDALONE / EAGLE / EAGLE3 draft weights
+    speculative_num_steps: int | None = None  # draft steps (tree depth) per verify
+    speculative_eagle_topk: int | None = None  # branches per draft step (1: a chain)
+    speculative_num_draft_tokens: int | None = None  # tokens verified per request and step
+    speculative_ngram_min_match_window_size: int = 1  # NGRAM: shortest suffix matched
+    speculative_ngram_max_match_window_size: int = 12  # NGRAM: longest suffix matched
 
     def __post_init__(self) -> None:
         if self.load_format not in LOAD_FORMATS:
@@ -159,8 +172,46 @@ class ServerArgs:
             raise InvalidRequestError("stream_interval must be >= 1", "stream_interval")
         if not isinstance(self.dp_size, int) or self.dp_size < 1:
             raise InvalidRequestError("dp_size must be a positive integer", "dp_size")
+        for name in ("tp_size", "nnodes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise InvalidRequestError(f"{name} must be a positive integer", name)
+        if not isinstance(self.node_rank, int) or not 0 <= self.node_rank < self.nnodes:
+            raise InvalidRequestError("node_rank must be in 0..nnodes-1", "node_rank")
+        if self.nnodes > 1 and self.dist_init_addr is None:
+            raise InvalidRequestError(
+                "nnodes > 1 needs dist_init_addr (host:port)", "dist_init_addr"
+            )
+        if self.tp_size % self.nnodes:
+            raise InvalidRequestError("tp_size must be a multiple of nnodes", "tp_size")
+        self._check_speculative()
         if not 0 < self.port < 65536:
             raise InvalidRequestError("port must be in 1..65535", "port")
+
+    def _check_speculative(self) -> None:
+        algo = self.speculative_algorithm
+        if algo is not None and algo not in SPECULATIVE_ALGORITHMS:
+            raise InvalidRequestError(
+                f"speculative_algorithm must be one of {SPECULATIVE_ALGORITHMS} or None",
+                "speculative_algorithm",
+            )
+        if algo in ("STANDALONE", "EAGLE", "EAGLE3") and not self.speculative_draft_model_path:
+            raise InvalidRequestError(
+                f"speculative_algorithm {algo} needs speculative_draft_model_path",
+                "speculative_draft_model_path",
+            )
+        for name in ("speculative_num_steps", "speculative_eagle_topk",
+                     "speculative_num_draft_tokens"):  # fmt: skip
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise InvalidRequestError(f"{name} must be a positive integer", name)
+        lo = self.speculative_ngram_min_match_window_size
+        hi = self.speculative_ngram_max_match_window_size
+        if not 1 <= lo <= hi:
+            raise InvalidRequestError(
+                "speculative_ngram_min/max_match_window_size: need 1 <= min <= max",
+                "speculative_ngram_min_match_window_size",
+            )
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> ServerArgs:
@@ -222,6 +273,8 @@ _HELP = {
     "max_request_body_bytes": "larger request bodies get 413",
     "shutdown_timeout": "seconds in-flight requests get to finish on SIGTERM/SIGINT",
     "dp_size": "replicas (each its own engine) behind one endpoint, routed cache-aware",
+    "tp_size": "tensor-parallel ranks per replica (NCCL on GPU, gloo on CPU)",
+    "speculative_algorithm": "NGRAM, STANDALONE, EAGLE or EAGLE3 (default: off)",
 }
 
 

@@ -98,3 +98,23 @@ def test_resolving_does_not_import_torch_in_the_users_process():
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"tp_size": 0}, "tp_size"),
+        ({"nnodes": 2}, "dist_init_addr"),
+        ({"nnodes": 2, "node_rank": 2, "dist_init_addr": "127.0.0.1:5000"}, "node_rank"),
+        ({"tp_size": 3, "nnodes": 2, "dist_init_addr": "127.0.0.1:5000"}, "tp_size"),
+        ({"speculative_algorithm": "MEDUSA"}, "speculative_algorithm"),
+        ({"speculative_algorithm": "EAGLE"}, "speculative_draft_model_path"),
+        ({"speculative_num_steps": 0}, "speculative_num_steps"),
+        ({"speculative_ngram_min_match_window_size": 5,
+          "speculative_ngram_max_match_window_size": 2}, "speculative_ngram_min_match_window_size"),
+    ],
+)  # fmt: skip
+def test_parallel_and_speculative_flags_are_checked_by_name(kwargs, field):
+    with pytest.raises(InvalidRequestError) as err:
+        ServerArgs(**kwargs)
+    assert err.value.field == field

@@ -1,0 +1,32 @@
+"""`ParallelState`: this process's place in the tensor-parallel group.
+
+One per process, set once by the rank's entry (`set_parallel_state`) before the model is built;
+read by the parallel layers and the loader (which shard to load). The default is a single rank
+with no process group: TP=1 code paths never touch torch.distributed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+
+class ParallelState(NamedTuple):
+    tp_rank: int = 0
+    tp_size: int = 1
+    group: Any = None  # torch.distributed ProcessGroup (None: TP=1)
+
+    @property
+    def is_parallel(self) -> bool:
+        return self.tp_size > 1
+
+
+_STATE = ParallelState()
+
+
+def set_parallel_state(state: ParallelState) -> None:
+    global _STATE
+    _STATE = state
+
+
+def parallel_state() -> ParallelState:
+    return _STATE
