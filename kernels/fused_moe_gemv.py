@@ -62,6 +62,8 @@ GEMV_CANDIDATES = (
     MoEGemvConfig(16, 256, 8, 16, 256, 8),
     MoEGemvConfig(4, 512, 4, 4, 512, 4),
     MoEGemvConfig(8, 1024, 2, 1, 1024, 2),
+    MoEGemvConfig(4, 1024, 2, 1, 1024, 4),
+    MoEGemvConfig(4, 1024, 4, 4, 1024, 8),
 )
 GEMV_INTERPRET_CONFIG = MoEGemvConfig(16, 32, 4, 16, 32, 4)
 GEMV_MAX_PAIRS = 128  # T * k above this: the sorted grouped GEMM only
