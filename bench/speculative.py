@@ -175,6 +175,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--ignore-eos", action="store_true", help="always decode --max-new-tokens tokens"
     )
     parser.add_argument("--model-path", default=None, help="default: the default model")
+    parser.add_argument("--load-format", default=None, help="dummy: random weights of a preset")
+    parser.add_argument("--tokenizer-path", default=None, help="default: the model's")
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     parser.add_argument("--num-threads", type=int, default=None)
     parser.add_argument("--json", default=None)
@@ -192,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     common: dict[str, Any] = {"log_level": "warning"}
-    for key in ("model_path", "device", "num_threads"):
+    for key in ("model_path", "load_format", "tokenizer_path", "device", "num_threads"):
         if getattr(args, key) is not None:
             common[key] = getattr(args, key)
     spec: dict[str, Any] = {"speculative_algorithm": args.speculative_algorithm}
