@@ -116,7 +116,7 @@ class ServerMetrics:
             self.ttft.observe(state.first_token_time - state.created)
             for gap in state.itl:
                 self.itl.observe(gap)
-        if state.meta_info is not None:
+        if state.finished and state.meta_info is not None:  # NOTE: a stream cut short: partial
             self.observe_spec(state.meta_info)
 
     def observe_spec(self, meta_info: dict[str, Any]) -> None:

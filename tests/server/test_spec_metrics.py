@@ -75,6 +75,9 @@ def test_buckets_and_counters_from_meta_info(metric_value):
     metrics.on_request_end(_finished({"spec_verify_ct": 0, "spec_accept_length": 0.0}))  # no step
     metrics.on_request_end(_finished({"prompt_tokens": 3}))  # speculation off: no keys
     metrics.on_request_end(_finished(None))  # ended before any result
+    cut = _finished({"spec_verify_ct": 3, "spec_accept_length": 2.0})
+    cut.finished, cut.outcome = False, "cancelled"  # a stream whose client went away
+    metrics.on_request_end(cut)
     text = metrics.render().decode()
 
     def bucket(le: str) -> float:
