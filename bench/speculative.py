@@ -13,10 +13,11 @@ the rate is the tokens that arrived in that window over its length. Prefill is e
 
 Next to every speedup: `accept_len`, the mean tokens committed per verify step (bonus token
 included; from each request's `meta_info["spec_accept_length"]`, weighted by its
-`spec_verify_ct`), and `accept_rate`, the fraction of drafted tokens accepted:
-(accept_len - 1) / (num_draft_tokens - 1), where num_draft_tokens counts the rows verified per
-step, the first being the last committed token (SGLang's convention). `identical` says whether
-both engines produced the same tokens (greedy decoding must be exact).
+`spec_verify_ct`, its decode steps with speculation on), and `accept_rate`, the tokens a step
+adds beyond one as a fraction of the most it can add: (accept_len - 1) / (num_draft_tokens - 1),
+where num_draft_tokens counts the rows verified per step, the first being the last committed
+token (SGLang's convention). `identical` says whether both engines produced the same tokens
+(greedy decoding must be exact).
 """
 
 from __future__ import annotations
