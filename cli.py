@@ -29,6 +29,10 @@ BENCHES: dict[str, tuple[str, str]] = {
         "radixlm.bench.kernels",
         "Triton kernels vs references and the bandwidth roofline (GPU)",
     ),
+    "speculative": (
+        "radixlm.bench.speculative",
+        "decode tok/s with speculative decoding off vs on, and the acceptance (CPU/GPU)",
+    ),
     "gpu": (
         "radixlm.bench.gpu",
         "H200 suite: roofline decode, offline throughput, CUDA graphs, parity",

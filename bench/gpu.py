@@ -17,6 +17,9 @@ Sections (`--sections`, comma-separated, all by default):
   startup   start-up time with the extend warm-up, then the first three 64 x 512-token batches
             (bench/gpu_startup.py)
   moe       the fused-MoE kernel against its bound (bench/gpu_moe.py)
+  spec      speculative decoding's verify step on the model runner, forced acceptance: cost per
+            accepted token at k = 2..8 drafts (batch 1) and the crossover batch size 1..64 where
+            verifying k + 1 rows per request stops paying (bench/gpu_spec.py)
   kernels   `radixlm bench kernels --sections check,decode,extend` (full-shape checks, attention
             vs roofline and SDPA)
 """
@@ -301,9 +304,16 @@ def section_moe(args: argparse.Namespace) -> None:
     run(args, RESULTS)
 
 
+def section_spec(args: argparse.Namespace) -> None:
+    from radixlm.bench.gpu_spec import section_spec as run
+
+    run(args, RESULTS)
+
+
 SECTIONS = {
     "startup": section_startup,
     "moe": section_moe,
+    "spec": section_spec,
     "gemv": section_gemv,
     "parity": section_parity,
     "hf": section_hf,

@@ -71,6 +71,8 @@ class ReqState:
     # How the request ended, set before `listeners` run: finished | aborted | error | timeout |
     # queue_timeout | cancelled (the caller went away).
     outcome: str = "running"
+    # The last result's `meta_info` (set by `_result`; the listeners read the final one).
+    meta_info: dict[str, Any] | None = None
 
 
 class TokenizerManager:
@@ -240,6 +242,7 @@ class TokenizerManager:
         }
         if state.input_logprobs is not None or state.output_logprobs:
             meta.update(self._logprob_meta(state))
+        state.meta_info = meta
         return {"text": state.text, "output_ids": list(state.output_ids), "meta_info": meta}
 
     def _logprob_meta(self, state: ReqState) -> dict[str, Any]:

@@ -13,6 +13,11 @@ Names follow SGLang's (`sglang:*` -> `radixlm:*`):
   `token_usage` (KV slots held by requests or the cache / capacity), `cache_hit_rate` (cached /
   prompt tokens since start), `engine_healthy`, `http_requests_in_flight`, `admitted_requests`
   (requests the tokenizer manager holds: what `--max-queued-requests` bounds);
+- speculative decoding (docs/speculative.md), from each finished request's `meta_info` when it
+  carries `spec_verify_ct` / `spec_accept_length` (speculation on; a request without verify steps
+  is not observed): the histogram `spec_accept_length` (the request's mean tokens committed per
+  verify step, bonus token included; buckets 1..16) and the counters `spec_verify_steps_total`
+  and `spec_accepted_tokens_total` (their ratio: the server-wide mean accepted length);
 - `admission_limit{limit}`: the configured limits (`max_queued_requests`, `request_timeout_s`,
   `queue_timeout_s`, `context_length`, `max_total_tokens`), set once at start; an unset limit is
   absent.
@@ -34,6 +39,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 HEALTH_RID_PREFIX = "HEALTH_CHECK_"
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 _ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+_SPEC_ACCEPT_BUCKETS = tuple(float(n) for n in range(1, 17))  # tokens per verify step
 _E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
 
 
@@ -74,6 +80,15 @@ class ServerMetrics:
         self._rejected = Counter("radixlm:rejected_requests",
                                  "HTTP errors answered, by status and reason (the error code).",
                                  [*names, "status", "reason"], registry=r)  # fmt: skip
+        self.spec_accept_length = hist(
+            "spec_accept_length",
+            "Speculative decoding: a request's mean tokens committed per verify step.",
+            _SPEC_ACCEPT_BUCKETS,
+        )
+        self.spec_verify_steps = counter("spec_verify_steps", "Speculative verify steps.")
+        self.spec_accepted_tokens = counter(
+            "spec_accepted_tokens", "Tokens committed by speculative verify steps."
+        )
         self.num_running = gauge("num_running_reqs", "Requests running in the scheduler.")
         self.num_queue = gauge("num_queue_reqs", "Requests waiting in the scheduler's queue.")
         self.token_usage = gauge("token_usage", "Fraction of KV slots in use (requests + cache).")
@@ -101,6 +116,18 @@ class ServerMetrics:
             self.ttft.observe(state.first_token_time - state.created)
             for gap in state.itl:
                 self.itl.observe(gap)
+        if state.finished and state.meta_info is not None:  # NOTE: a stream cut short: partial
+            self.observe_spec(state.meta_info)
+
+    def observe_spec(self, meta_info: dict[str, Any]) -> None:
+        """Speculative decoding's per-request figures, when `meta_info` has them (absent: off)."""
+        steps = meta_info.get("spec_verify_ct")
+        accept = meta_info.get("spec_accept_length")
+        if not steps or accept is None:
+            return
+        self.spec_accept_length.observe(float(accept))
+        self.spec_verify_steps.inc(int(steps))
+        self.spec_accepted_tokens.inc(round(float(accept) * int(steps)))
 
     def count_error(self, status: int, reason: str) -> None:
         """One HTTP error answered (by a route, an error handler or the guard middleware)."""
