@@ -39,9 +39,11 @@ from typing import NamedTuple
 
 import torch
 
+from radixlm.kernels.verify_attention import MAX_TREE_NODES
+from radixlm.kernels.verify_attention_ref import unpack_tree_mask
 from radixlm.runtime.mem.kv_pool import ReqToTokenPool, SlotAllocator
 
-MAX_TREE_NODES = 64  # the verify kernel's largest N (its tree keys fit one tile)
+unpack_mask = unpack_tree_mask  # [B, N, W] int32 -> [B, N, N] bool
 
 
 class TreeLayout(NamedTuple):
@@ -118,13 +120,6 @@ def build_tree(parents: torch.Tensor, prefix_lens: torch.Tensor, check: bool = F
     packed = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
     positions = prefix_lens.to(device=device, dtype=torch.int64)[:, None] + depths
     return TreeLayout(packed, depths, positions)
-
-
-def unpack_mask(mask: torch.Tensor, num_nodes: int) -> torch.Tensor:
-    """[B, N, W] int32 packed mask -> [B, N, N] bool (row j, key t)."""
-    t = torch.arange(num_nodes, device=mask.device)
-    words = mask.to(torch.int64)[..., t // 32]  # [B, N, N]
-    return ((words >> (t % 32)) & 1).bool()
 
 
 def alloc_draft_slots(
