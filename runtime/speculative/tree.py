@@ -27,6 +27,12 @@ the path's slots into `req_to_token[row, prefix_len : prefix_len + len(path)]` (
 the verify forward stored it: no copy) and returns every other slot of the tree, which the caller
 frees at once (`SlotAllocator.free`); `commit_path(..., allocator=...)` frees them itself.
 
+The verify forward (`verify_forward_batch`) is an EXTEND `ForwardBatch` of the B x N rows with
+`tree_mask` set: every node stores its K/V at `draft_loc` (`out_cache_loc`), at its rotary
+position, and the attention backends' `forward_verify` applies the mask (runtime/attention/base.py).
+Its extend fields say "N new tokens after prefix_len" so that, without `tree_mask`, the same
+batch is the causal extend of a chain (the tests compare the two).
+
 Ownership: the scheduler owns `req_to_token` and the allocator (runtime/mem/kv_pool.py); these
 helpers only write the rows/slots they are given, from the scheduler thread.
 """
@@ -41,6 +47,7 @@ import torch
 
 from radixlm.kernels.verify_attention import MAX_TREE_NODES
 from radixlm.kernels.verify_attention_ref import unpack_tree_mask
+from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.mem.kv_pool import ReqToTokenPool, SlotAllocator
 
 unpack_mask = unpack_tree_mask  # [B, N, W] int32 -> [B, N, N] bool
@@ -120,6 +127,40 @@ def build_tree(parents: torch.Tensor, prefix_lens: torch.Tensor, check: bool = F
     packed = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
     positions = prefix_lens.to(device=device, dtype=torch.int64)[:, None] + depths
     return TreeLayout(packed, depths, positions)
+
+
+def verify_forward_batch(
+    input_ids: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    prefix_lens: Sequence[int],
+    draft_loc: torch.Tensor,
+    tree: TreeLayout,
+) -> ForwardBatch:
+    """The verify step's forward batch: `input_ids` [B * N] (node j of request i at row i * N + j;
+    any id for padding nodes), `req_pool_indices` [B], `prefix_lens` (host ints, those `tree` was
+    built with), `draft_loc` [B, N]. Every row gets logits (`logits_indices` None)."""
+    bsz, nodes = draft_loc.shape
+    device = input_ids.device
+    assert input_ids.shape == (bsz * nodes,) and tree.mask.shape[:2] == (bsz, nodes)
+    prefix = list(prefix_lens)
+    seq = [p + nodes for p in prefix]
+    t = lambda v: torch.tensor(v, dtype=torch.int64, device=device)  # noqa: E731
+    return ForwardBatch(
+        mode=ForwardMode.EXTEND,
+        batch_size=bsz,
+        input_ids=input_ids,
+        positions=tree.positions.reshape(-1).to(device).contiguous(),
+        out_cache_loc=draft_loc.reshape(-1).to(device=device, dtype=torch.int64).contiguous(),
+        req_pool_indices=req_pool_indices.to(device=device, dtype=torch.int64),
+        seq_lens=t(seq),
+        seq_lens_cpu=seq,
+        extend_prefix_lens_cpu=prefix,
+        extend_seq_lens_cpu=[nodes] * bsz,
+        extend_prefix_lens=t(prefix),
+        extend_seq_lens=t([nodes] * bsz),
+        extend_start_loc=t([i * nodes for i in range(bsz)]),
+        tree_mask=tree.mask.to(device),
+    )
 
 
 def alloc_draft_slots(
