@@ -13,6 +13,8 @@
 Per-layer sliding windows, soft caps and scales (`AttentionBackend.layer`) go to both kernels.
 An FP8 pool's per-layer scales (`kv_pool.k_scale[layer]`, python floats) go to every kernel: the
 stores quantise with them, the attention kernels dequantise (CUDA graphs bake them in at capture).
+Verify graphs (`init_verify_graph_state`, then `prepare_capture` with a verify batch) get a
+workspace of their own, sized the same way for B * N rows.
 The decode workspace `(mid_o, mid_lse)` is carved from one fp32 buffer: sized per batch in eager
 mode, and once for the largest captured batch under CUDA graphs (each graph batch size keeps the
 split count it was captured with; the kernels derive each request's effective splits from its
@@ -197,7 +199,36 @@ class TritonAttnBackend(AttentionBackend):
         )
         self._graph_buffer = torch.empty(numel, dtype=torch.float32, device=self.kv_pool.device)
 
+    def init_verify_graph_state(self, max_bs: int, nodes: int) -> None:
+        """The static workspace of verify graphs of up to `max_bs` requests x `nodes` (each graph
+        size keeps the split count for the longest prefix, like decode); then `prepare_capture`
+        with a verify batch (`tree_mask` set) carves from it."""
+        self._verify_nodes = nodes
+        numel = max(
+            decode_workspace_numel(
+                bs * nodes, self.num_heads, self.head_dim, self._verify_splits(bs, nodes)
+            )
+            for bs in range(1, max_bs + 1)
+        )
+        self._verify_buffer = torch.empty(numel, dtype=torch.float32, device=self.kv_pool.device)
+
+    def _verify_splits(self, bs: int, nodes: int) -> int:
+        heads = (self.num_heads, self.num_kv_heads)
+        return verify_num_kv_splits(bs, nodes, *heads, self.max_context)
+
     def prepare_capture(self, bs: int, batch: ForwardBatch) -> None:
+        if batch.tree_mask is not None:
+            nodes = batch.tree_mask.shape[1]
+            assert getattr(self, "_verify_nodes", None) == nodes, "init_verify_graph_state first"
+            ws = alloc_decode_workspace(
+                bs * nodes,
+                self.num_heads,
+                self.head_dim,
+                self._verify_splits(bs, nodes),
+                buffer=self._verify_buffer,
+            )
+            batch.attn_metadata = _DecodeMeta(*ws)
+            return
         assert self._graph_buffer is not None, "init_graph_state first"
         splits = self._splits(bs, self.max_context)
         ws = alloc_decode_workspace(

@@ -44,7 +44,7 @@ def _setup(kv_dtype: torch.dtype, parents: list[list[int]], prefixes: list[int],
     pool = KVPool(300, len(LAYERS), KV_HEADS, DIM, kv_dtype, "cpu")
     if kv_dtype != torch.float32:
         pool.k_scale, pool.v_scale = [0.5, 0.75], [1.5, 1.25]
-    table = ReqToTokenPool(5, 96, "cpu")
+    table = ReqToTokenPool(5, 300, "cpu")
     rows = [table.alloc() for _ in prefixes]
     for row, pre in zip(rows, prefixes):
         slots = pool.allocator.alloc(pre)
@@ -117,6 +117,25 @@ def test_chain_verify_equals_causal_extend(name: str) -> None:
     for layer in range(len(LAYERS)):
         tree_out = _run(backend, batch, qkv, layer)
         torch.testing.assert_close(tree_out, _run(backend, plain, qkv, layer), rtol=1e-5, atol=1e-5)
+
+
+def test_triton_verify_graph_workspace_equals_eager() -> None:
+    """The CUDA-graph path of the triton backend without the graph: a static workspace sized for
+    the largest verify batch and the longest context (more splits than the eager heuristic),
+    poisoned, then the forward with that metadata gives the eager output."""
+    rng = random.Random(6)
+    parents = [random_parents(rng, 8, s) for s in (8, 5)]
+    pool, table, batch, qkv = _setup(torch.float32, parents, [40, 3], seed=6)
+    backend = _backend("triton", pool, table)
+    eager = [_run(backend, batch, qkv, layer) for layer in range(len(LAYERS))]
+    backend.init_verify_graph_state(4, 8)
+    backend._verify_buffer.fill_(float("nan"))
+    static = dataclasses.replace(batch, attn_metadata=None)
+    backend.prepare_capture(2, static)
+    assert static.attn_metadata.mid_o.shape[:3] == (16, HEADS, 2)  # eager: 1 split
+    for layer in range(len(LAYERS)):
+        out = backend.forward(*qkv, layer, static)
+        torch.testing.assert_close(out, eager[layer], rtol=1e-5, atol=1e-5)
 
 
 def _runner(backend: str) -> ModelRunner:
