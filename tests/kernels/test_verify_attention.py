@@ -268,3 +268,42 @@ def test_fwd_preallocated_workspace_and_padding_request(device: str) -> None:
     verify_attention_fwd(*batch.args(), out, mid_o, mid_lse, config=(16, 32, 4, 1), window=33)
     expected = verify_attention_ref(*batch.args(), window=33)
     assert_close(out, expected, torch.float32, "fwd, window of one tile")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize(
+    ("kv_dtype", "window", "nodes"),
+    [(torch.bfloat16, None, 8), (torch.float8_e4m3fn, None, 16), (torch.bfloat16, 4096, 64)],
+)
+def test_verify_llama8b_shapes_cuda_graph(
+    kv_dtype: torch.dtype, window: int | None, nodes: int
+) -> None:
+    """Llama-3-8B attention shapes (32 heads, 8 kv heads, 128 dims, bf16), long prefixes, trees
+    and a chain, captured in a CUDA graph; the prefix lengths, positions and masks change
+    between replays (shapes do not)."""
+    rng = random.Random(nodes)
+    prefixes = [9000, 1, 3000, 0, 500]
+    parents = [random_parents(rng, nodes, rng.randint(1, nodes)) for _ in prefixes]
+    parents[2] = chain_parents([nodes], nodes)[0].tolist()
+    batch = make_verify_batch(prefixes, parents, 32, 8, 128, torch.bfloat16, "cuda", seed=11)
+    scales = {"k_scale": 0.5, "v_scale": 1.5} if kv_dtype != torch.bfloat16 else {}
+    batch.k_buffer = quantize_kv(batch.k_buffer, kv_dtype, scales.get("k_scale", 1.0))
+    batch.v_buffer = quantize_kv(batch.v_buffer, kv_dtype, scales.get("v_scale", 1.0))
+    splits = 16
+    mid_o, mid_lse = alloc_decode_workspace(len(prefixes) * nodes, 32, 128, splits, "cuda")
+    out = torch.full_like(batch.q, float("nan"))
+    kw = {**scales, "window": window}
+    verify_attention_fwd(*batch.args(), out, mid_o, mid_lse, **kw)  # compile
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        verify_attention_fwd(*batch.args(), out, mid_o, mid_lse, **kw)
+    batch.prefix_lens[0] = 6000  # data changes between replays
+    batch.positions.view(len(prefixes), nodes)[0] -= 3000
+    batch.tree_mask[4] = batch.tree_mask[4] & 1  # request 4: every node sees only the root
+    out.fill_(float("nan"))
+    graph.replay()
+    graph.replay()
+    torch.cuda.synchronize()
+    expected = verify_attention_ref(*batch.args(), **kw)
+    assert_close(out, expected, torch.bfloat16, "verify attention (graph)")
