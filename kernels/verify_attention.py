@@ -26,7 +26,7 @@ m = node * GROUP + g (all N nodes x the GQA group of one kv head, in M_BLOCKS bl
 prefix K/V tile is read once per request and kv head, not once per node, and both products are
 `tl.dot`s. Split s covers a range of the prefix (`decode_merge.split_span`, as in decode); split 0
 also attends to the tree keys (one tile of BLOCK_T >= N nodes, masked per row by the bits).
-Stage 2 (same grid without splits) merges the splits with `decode_merge.merge_splits`; when the
+Stage 2 (verify_merge.py, same grid without splits) merges the splits; when the
 prefix fits one split (or is empty) stage 1 writes `out` directly and stage 2 skips the request.
 
 # NOTE: grids and shapes depend only on (B, N, max_kv_splits) and nothing is read on the host, so
@@ -57,13 +57,14 @@ from radixlm.kernels._triton import (
     soft_cap,
     tl,
 )
-from radixlm.kernels.decode_merge import merge_block_sizes, merge_splits, split_span
+from radixlm.kernels.decode_merge import merge_block_sizes, split_span
 from radixlm.kernels.decode_workspace import (
     MAX_KV_SPLITS,
     alloc_decode_workspace,
     choose_num_kv_splits,
 )
 from radixlm.kernels.store_kv import check_kv_scales, is_fp8
+from radixlm.kernels.verify_merge import verify_stage2_kernel
 
 MAX_TREE_NODES = 64  # the tree keys of a request fit one tile
 _LOG2E = 1.4426950408889634
@@ -248,57 +249,6 @@ def _verify_stage1_kernel(
             tl.store(MidLse + rows * stride_mlr + heads * stride_mlh + split, lse, mask=mask_m)
 
 
-@jit
-def _verify_stage2_kernel(
-    MidO,
-    MidLse,
-    PrefixLens,
-    Out,
-    num_splits,
-    stride_mor,
-    stride_moh,
-    stride_mos,
-    stride_mlr,
-    stride_mlh,
-    stride_or,
-    stride_oh,
-    NODES: tl.constexpr,
-    GROUP: tl.constexpr,
-    M_BLOCKS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    CHUNK: tl.constexpr,
-    WINDOW: tl.constexpr,
-):
-    b = tl.program_id(0)
-    kv_h = tl.program_id(1) // M_BLOCKS
-    offs_m = (tl.program_id(1) % M_BLOCKS) * BLOCK_M + tl.arange(0, BLOCK_M)
-    prefix = tl.load(PrefixLens + b).to(tl.int32)
-    if WINDOW > 0:
-        prefix = tl.minimum(prefix, WINDOW - 1)  # the span stage 1 split
-    _, n_valid = split_span(prefix, num_splits, BLOCK_N)
-    if n_valid > 1:  # else stage 1 wrote the output itself
-        rows = (b * NODES + offs_m // GROUP).to(tl.int64)
-        heads = kv_h * GROUP + offs_m % GROUP
-        merge_splits(
-            MidO + rows * stride_mor + heads * stride_moh,
-            MidLse + rows * stride_mlr + heads * stride_mlh,
-            Out + rows * stride_or + heads * stride_oh,
-            offs_m < NODES * GROUP,
-            prefix,
-            num_splits,
-            stride_mos,
-            HEAD_DIM,
-            BLOCK_D,
-            BLOCK_N,
-            BLOCK_S,
-            CHUNK,
-        )
-
-
 def verify_block_config(
     head_dim: int, group: int, nodes: int, dtype: torch.dtype = torch.bfloat16
 ) -> tuple[int, int, int, int]:
@@ -408,7 +358,7 @@ def verify_attention_fwd(
         num_stages=num_stages,
     )
     if num_splits > 1:
-        _verify_stage2_kernel[(bsz, num_kv_heads * m_blocks)](
+        verify_stage2_kernel[(bsz, num_kv_heads * m_blocks)](
             *(mid_o, mid_lse, prefix_lens, out),
             num_splits,
             *mid_strides,

@@ -62,6 +62,8 @@ class TritonAttnBackend(AttentionBackend):
         self.max_context = req_to_token.max_context
         self._eager_buffer = torch.empty(0, dtype=torch.float32, device=kv_pool.device)
         self._graph_buffer: torch.Tensor | None = None
+        self._verify_buffer: torch.Tensor | None = None  # verify graphs (init_verify_graph_state)
+        self._verify_nodes = 0
         # NOTE: one set of counters serves eager and graph launches: both run on one stream and
         # every launch leaves them zero. A decode batch (padded or not) never exceeds the pool.
         self._arrivals = torch.zeros(
@@ -219,7 +221,9 @@ class TritonAttnBackend(AttentionBackend):
     def prepare_capture(self, bs: int, batch: ForwardBatch) -> None:
         if batch.tree_mask is not None:
             nodes = batch.tree_mask.shape[1]
-            assert getattr(self, "_verify_nodes", None) == nodes, "init_verify_graph_state first"
+            assert self._verify_buffer is not None and self._verify_nodes == nodes, (
+                "init_verify_graph_state(max_bs, nodes) first"
+            )
             ws = alloc_decode_workspace(
                 bs * nodes,
                 self.num_heads,
