@@ -29,6 +29,8 @@ from radixlm.runtime.speculative.tree import (
 )
 
 BACKENDS = {"torch": TorchAttnBackend, "triton": TritonAttnBackend}
+# NOTE: on CPU the triton backend runs in the interpreter (tests/conftest.py sets it)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 HEADS, KV_HEADS, DIM = 8, 2, 32
 LAYERS = [LayerAttention(None, None, 0.25), LayerAttention(6, 3.0, 0.3)]
 
@@ -41,27 +43,27 @@ def _setup(kv_dtype: torch.dtype, parents: list[list[int]], prefixes: list[int],
     """A pool whose requests hold random prefixes (both layers), their trees' slots, the verify
     batch, and random q/k/v for its rows."""
     gen = torch.Generator().manual_seed(seed)
-    pool = KVPool(300, len(LAYERS), KV_HEADS, DIM, kv_dtype, "cpu")
+    pool = KVPool(300, len(LAYERS), KV_HEADS, DIM, kv_dtype, DEVICE)
     if kv_dtype != torch.float32:
         pool.k_scale, pool.v_scale = [0.5, 0.75], [1.5, 1.25]
-    table = ReqToTokenPool(5, 300, "cpu")
+    table = ReqToTokenPool(5, 300, DEVICE)
     rows = [table.alloc() for _ in prefixes]
     for row, pre in zip(rows, prefixes):
         slots = pool.allocator.alloc(pre)
         table.write(row, 0, slots)
         for layer in range(len(LAYERS)):
             kv = torch.randn(2, pre, KV_HEADS, DIM, generator=gen)
-            pool.store(layer, slots, kv[0], kv[1])
+            pool.store(layer, slots, kv[0].to(DEVICE), kv[1].to(DEVICE))
     n = len(parents[0])
     sizes = [1 + sum(p >= 0 for p in row[1:]) for row in parents]
     draft_loc = alloc_draft_slots(pool.allocator, sizes, n)
     tree = build_tree(torch.tensor(parents), torch.tensor(prefixes), check=True)
-    ids = torch.zeros(len(prefixes) * n, dtype=torch.int64)
+    ids = torch.zeros(len(prefixes) * n, dtype=torch.int64, device=DEVICE)
     batch = verify_forward_batch(ids, torch.tensor(rows), prefixes, draft_loc, tree)
     t = len(prefixes) * n
     q = torch.randn(t, HEADS, DIM, generator=gen)
     k, v = torch.randn(2, t, KV_HEADS, DIM, generator=gen)
-    return pool, table, batch, (q, k, v)
+    return pool, table, batch, (q.to(DEVICE), k.to(DEVICE), v.to(DEVICE))
 
 
 def _backend(name: str, pool: KVPool, table: ReqToTokenPool):
@@ -99,7 +101,7 @@ def test_backends_match_the_reference(kv_dtype: torch.dtype) -> None:
             torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
             outs[name, layer] = out
         rows = [0, 5, 9, 23]
-        picked = dataclasses.replace(batch, logits_indices=torch.tensor(rows))
+        picked = dataclasses.replace(batch, logits_indices=torch.tensor(rows, device=DEVICE))
         picked.logits_indices_cpu = rows
         out = _run(backend, picked, qkv, 0, rows_only=True)
         torch.testing.assert_close(out, outs[name, 0][rows])
