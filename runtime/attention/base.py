@@ -10,6 +10,12 @@ CUDA graphs (decode only): `init_graph_state(max_bs)` allocates static metadata 
 `prepare_capture(bs, batch)` points the metadata at them before a capture; `prepare_replay(batch)`
 refreshes their contents in place before each replay. Backends that cannot be captured raise.
 
+Tree verify (speculative decoding): a batch with `tree_mask` set (runtime/speculative/tree.py,
+`verify_forward_batch`: B requests x N draft nodes, row i * N + j = node j) stores every node's
+K/V at `out_cache_loc` like any batch, then `forward_verify`: row (i, j) attends to request i's
+prefix (`extend_prefix_lens[i]` tokens in the pool) and to the nodes its mask row names (itself
+and its ancestors), all read from the pool (kernels/verify_attention.py).
+
 Per-layer attention (`LayerAttention`, from the model config: `layer_attention(config)`): a
 sliding window (the query at position p attends to keys at positions > p - window, and the backend
 never reads older slots), attention-logit soft-capping (`cap * tanh(s / cap)`) and the score scale.
@@ -91,6 +97,9 @@ class AttentionBackend(ABC):
         (`batch.logits_indices`, in order): every row's K/V is stored, then those rows attend as
         decode queries over the pool (`ForwardBatch.logits_rows_batch`)."""
         q, k = self.rotate_and_store(q, k, v, layer, batch, rotary)
+        if batch.tree_mask is not None:
+            o = self.forward_verify(q, layer, batch)
+            return o.index_select(0, batch.logits_indices) if rows_only else o
         if rows_only:
             rows = batch.logits_rows_batch()
             if rows.batch_size == 0:
@@ -124,6 +133,11 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def forward_decode(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor: ...
+
+    def forward_verify(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
+        """Tree verify attention of q `[B * N, H, D]` (the K/V already stored) -> `[B * N, H, D]`;
+        a row that sees no key (a padding node of a request without prefix) outputs zeros."""
+        raise NotImplementedError(f"{type(self).__name__} has no tree verify attention")
 
     # ---- CUDA-graph hooks ------------------------------------------------------------------------
     def init_graph_state(self, max_bs: int) -> None:

@@ -8,6 +8,8 @@ with one `index_select` per tensor.
   DECODE: one batched call over the padded batch `[B, kvH, Lmax, D]` with a key-padding mask;
           on CPU, where the C++ kernel runs (`kernels/cpu/attention.py`), that kernel instead for
           plain layers (no window, no soft cap): it reads K/V in place through `req_to_token`.
+  VERIFY (`batch.tree_mask` set): one batched call over `[B, H, N, D]` queries and each request's
+          prefix (padded) plus its N tree nodes, read from the pool, under the tree mask.
 A windowed layer gathers only the slots its queries can see (positions > first query - window):
 older slots are never read. A soft-capped layer runs the attention in plain torch ops (SDPA has
 no soft cap), the way transformers' eager Gemma 2 does.
@@ -22,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from radixlm.kernels.store_kv import dequantize_kv
+from radixlm.kernels.verify_attention_ref import unpack_tree_mask
 from radixlm.runtime.attention.base import AttentionBackend, LayerAttention
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 
@@ -41,6 +44,14 @@ class _DecodeMeta:
     max_len: int
     mask: torch.Tensor  # [B, 1, 1, Lmax] bool, True = attend
     windowed: dict[int, _DecodeMeta] = field(default_factory=dict)
+
+
+@dataclass
+class _VerifyMeta:
+    slots: torch.Tensor  # [B * (Lmax + N)] int64: each request's prefix (padded, slot 0), its nodes
+    mask: torch.Tensor  # [B, 1, N, Lmax + N] bool, True = attend
+    seen: torch.Tensor  # [B, 1, N, 1] bool: the row attends to some key (else its output is 0)
+    windowed: dict[int, _VerifyMeta] = field(default_factory=dict)
 
 
 def attend(
@@ -84,6 +95,11 @@ class TorchAttnBackend(AttentionBackend):
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         windows = sorted({s.window for s in self.layers or () if s.window is not None})
+        if batch.tree_mask is not None:
+            meta = self._verify_meta(batch, None)
+            meta.windowed = {w: self._verify_meta(batch, w) for w in windows}
+            batch.attn_metadata = meta
+            return
         if batch.is_decode and self.cpu_decode and self.layers_plain():
             batch.attn_metadata = None  # NOTE: the C++ kernel reads req_to_token directly
             return
@@ -110,6 +126,32 @@ class TorchAttnBackend(AttentionBackend):
         slots = table[batch.req_pool_indices[:, None], cols].to(torch.int64)
         slots = slots.masked_fill(~valid, 0)
         return _DecodeMeta(slots.view(-1), max_len, valid[:, None, None, :])
+
+    def _verify_meta(self, batch: ForwardBatch, window: int | None) -> _VerifyMeta:
+        assert batch.tree_mask is not None and batch.extend_prefix_lens is not None
+        table = self.req_to_token
+        bsz, nodes = batch.tree_mask.shape[:2]
+        prefix = batch.extend_prefix_lens.to(torch.int64)
+        # NOTE: a windowed layer reads the prefix positions the root can see, > prefix - window;
+        # deeper nodes see fewer of them (masked below).
+        lo = (prefix - (window - 1)).clamp(min=0) if window is not None else prefix * 0
+        spans = [p if window is None else min(p, window - 1) for p in batch.extend_prefix_lens_cpu]
+        ar = torch.arange(max(spans), device=table.device)
+        cols = lo[:, None] + ar[None, :]
+        valid = ar[None, :] < (prefix - lo)[:, None]
+        rows = batch.req_pool_indices[:, None]
+        prefix_slots = table[rows, cols.clamp(max=table.shape[1] - 1)].to(torch.int64)
+        draft_loc = batch.out_cache_loc.view(bsz, nodes).to(torch.int64)
+        slots = torch.cat([prefix_slots.masked_fill(~valid, 0), draft_loc], 1)
+        see = torch.cat(
+            [valid[:, None, :].expand(-1, nodes, -1), unpack_tree_mask(batch.tree_mask, nodes)], 2
+        )
+        if window is not None:
+            q_pos = batch.positions.view(bsz, nodes)
+            k_pos = torch.cat([cols, q_pos], 1)
+            see &= k_pos[:, None, :] > q_pos[:, :, None] - window
+        see = see[:, None]
+        return _VerifyMeta(slots.view(-1), see, see.any(-1, keepdim=True))
 
     def _extend_meta(self, batch: ForwardBatch, window: int | None) -> _ExtendMeta:
         table = self.req_to_token
@@ -185,3 +227,22 @@ class TorchAttnBackend(AttentionBackend):
             spec,
         )
         return o.squeeze(2)
+
+    def forward_verify(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
+        spec = self.layer(layer)
+        meta: _VerifyMeta = batch.attn_metadata
+        if spec.window is not None:
+            meta = meta.windowed[spec.window]
+        bsz, _, nodes, length = meta.mask.shape
+        shape = (bsz, length, self.num_kv_heads, self.head_dim)
+        k = self.kv_pool.k[layer].index_select(0, meta.slots).view(shape).transpose(1, 2)
+        v = self.kv_pool.v[layer].index_select(0, meta.slots).view(shape).transpose(1, 2)
+        o = attend(
+            q.view(bsz, nodes, self.num_heads, self.head_dim).transpose(1, 2),
+            dequantize_kv(k, q.dtype, self.kv_pool.k_scale[layer]),
+            dequantize_kv(v, q.dtype, self.kv_pool.v_scale[layer]),
+            meta.mask,
+            spec,
+        )
+        o = torch.where(meta.seen, o, 0.0)  # NOTE: a row with no key: NaN from the softmax
+        return o.transpose(1, 2).reshape(bsz * nodes, self.num_heads, self.head_dim)

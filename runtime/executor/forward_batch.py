@@ -41,6 +41,10 @@ class ForwardBatch:
     # same on the host (EXTEND).
     logits_indices: torch.Tensor | None = None
     logits_indices_cpu: list[int] | None = None
+    # A speculative tree verify step (runtime/speculative/tree.py, `verify_forward_batch`): an
+    # EXTEND batch of B requests x N draft nodes whose rows attend to the prefix plus their
+    # ancestors only: the packed mask [B, N, ceil(N / 32)] int32 (None: an ordinary batch).
+    tree_mask: torch.Tensor | None = None
     # Filled by the attention backend in `init_forward_metadata` (backend-specific).
     attn_metadata: Any = None
 
