@@ -1,0 +1,295 @@
+"""Tree/chain acceptance keeps the target's distribution (runtime/speculative/tree_accept.py).
+
+A small synthetic "model": for every path of depth d over a V-token vocabulary, target and draft
+logits tables (`World`); the target p and the draft q are those logits through the sampler's
+transforms (temperature 1, top-k, top-p). Draft trees are drawn from q per trial (or chosen
+deterministically), accepted against p, and the committed tokens' frequencies go through a
+chi-squared goodness-of-fit test at alpha = 1e-3 against the exact probabilities: the first
+token's, and the first two tokens' jointly (a second speculative step supplies the second token
+when the first step committed only one). Negative controls show the same test rejects wrong rules.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import pytest
+import torch
+
+from radixlm.runtime.sampling.sampler import sample
+from radixlm.runtime.sampling.sampling_batch import SamplingBatch
+from radixlm.runtime.speculative.tree_accept import (
+    DraftKind,
+    DraftTree,
+    accept_trees,
+    target_probs,
+    tree_accept,
+)
+
+V = 8
+N_SAMPLES = 20_000
+ALPHA = 1e-3
+DET, SAMPLED, DISTINCT = DraftKind.DETERMINISTIC, DraftKind.SAMPLED, DraftKind.SAMPLED_DISTINCT
+
+SHAPES = {  # parents lists, node 0 the root; siblings in drawing order
+    "chain3": [-1, 0, 1, 2],
+    "k2d2": [-1, 0, 0, 1, 1, 2, 2],
+    "k3d3": [-1, 0, 0, 0, 1, 1, 1, 2, 2, 2, 4, 4, 4],
+    "k4d2": [-1, 0, 0, 0, 0, *[1] * 4, *[2] * 4, *[3] * 4, *[4] * 4],
+}
+TRANSFORMS = {  # (temperature, top_k, top_p)
+    "t1": (1.0, None, None),
+    "topk": (1.0, 5, None),
+    "topp": (1.0, None, 0.8),
+}
+
+
+def sampling_batch(rows: int, temperature=1.0, top_k=None, top_p=None, greedy=False):
+    """A SamplingBatch of `rows` identical rows (what the scheduler builds for verify rows)."""
+    if greedy:
+        return SamplingBatch.greedy_only(rows)
+    full = lambda v, dt=torch.float32: torch.full((rows,), v, dtype=dt)  # noqa: E731
+    return SamplingBatch(
+        temperatures=full(temperature).view(-1, 1),
+        greedy=full(False, torch.bool),
+        all_greedy=False,
+        top_ps=None if top_p is None else full(top_p),
+        top_ks=None if top_k is None else full(top_k, torch.int64),
+        min_ps=None,
+        generators=[None] * rows,
+        frequency=None,
+        presence=None,
+        output_counts=None,
+        repetition=None,
+        seen_mask=None,
+        min_tokens_mask=None,
+        logit_bias=None,
+    )
+
+
+class World(NamedTuple):
+    p: list[torch.Tensor]  # p[d] [V**d, V]: target distribution after the depth-d path `code`
+    q: list[torch.Tensor]  # the draft's
+
+
+def make_world(max_depth: int, transform: str, seed: int, greedy: bool = False) -> World:
+    g = torch.Generator().manual_seed(seed)
+    temp, top_k, top_p = TRANSFORMS[transform]
+    p, q = [], []
+    for d in range(max_depth + 1):
+        lp = torch.randn(V**d, V, generator=g) * 1.5
+        lq = lp + torch.randn(V**d, V, generator=g)  # a related but different draft
+        # NOTE: the draft samples with the request's own transforms (q is what it drew from).
+        p.append(target_probs(lp, sampling_batch(V**d, temp, top_k, top_p, greedy)).probs)
+        q.append(target_probs(lq, sampling_batch(V**d, temp, top_k, top_p)).probs)
+    return World(p, q)
+
+
+def draw_trees(world, parents, kind, root_code, root_depth, gen) -> tuple[DraftTree, torch.Tensor]:
+    """One draft tree per row rooted at the depth-`root_depth` path `root_code` [B]; returns the
+    tree (with q per node) and p per node [B, N, V]."""
+    b, n = root_code.shape[0], len(parents)
+    code = torch.zeros(b, n, dtype=torch.int64)
+    code[:, 0] = root_code
+    depth = [root_depth] + [0] * (n - 1)
+    tokens = torch.zeros(b, n, dtype=torch.int64)
+    drawn: dict[int, torch.Tensor] = {}  # parent -> [B, V] tokens already drawn below it
+    real = torch.ones(b, n, dtype=torch.bool)  # False: a padding node of that row
+    rank: dict[int, int] = {}
+    for j in range(1, n):
+        pa = parents[j]
+        depth[j] = depth[pa] + 1
+        qrow = world.q[depth[pa]][code[:, pa]]
+        if kind is DET:  # the k-th child is the draft's k-th most likely token (EAGLE's top-k)
+            rank[pa] = rank.get(pa, -1) + 1
+            tok = qrow.topk(rank[pa] + 1, dim=-1).indices[:, -1]
+        else:
+            used = drawn.setdefault(pa, torch.zeros(b, V, dtype=torch.bool))
+            if kind is DISTINCT:
+                # NOTE: a draft with fewer than k tokens left cannot draw k distinct children:
+                # those rows get padding nodes there (and below).
+                left = qrow.masked_fill(used, 0.0)
+                real[:, j] = left.sum(-1) > 0
+                qrow = torch.where(real[:, j : j + 1], left, qrow)
+            real[:, j] &= real[:, pa]
+            tok = torch.multinomial(qrow, 1, generator=gen).view(-1)
+            used[torch.arange(b), tok] = True
+        tokens[:, j] = tok
+        code[:, j] = code[:, pa] * V + tok
+    node_p = torch.stack([world.p[depth[j]][code[:, j]] for j in range(n)], dim=1)
+    node_q = torch.stack([world.q[depth[j]][code[:, j]] for j in range(n)], dim=1)
+    parent_t = torch.where(real, torch.tensor(parents).expand(b, n), -1)
+    return DraftTree(tokens, parent_t, None if kind is DET else node_q, kind), node_p
+
+
+def first_two_tokens(world, parents, kind, seed, rule=None) -> torch.Tensor:
+    """[N_SAMPLES, 2]: the first two committed tokens; rows whose first step committed one token
+    take the second from a second step rooted after it. `rule(tree, p, coins)` replaces the
+    acceptance (negative controls)."""
+    gen = torch.Generator().manual_seed(seed)
+    accept = rule or (lambda tree, p, coins: tree_accept(tree, p, no_greedy(p), coins).tokens)
+    tree, p = draw_trees(world, parents, kind, torch.zeros(N_SAMPLES, dtype=torch.int64), 0, gen)
+    out = accept(tree, p, torch.rand(p.shape[:2], generator=gen))[:, :2].clone()
+    short = out[:, 1] < 0
+    tree, p = draw_trees(world, parents, kind, out[short, 0], 1, gen)
+    out[short, 1] = accept(tree, p, torch.rand(p.shape[:2], generator=gen))[:, 0]
+    return out
+
+
+def no_greedy(p: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(p.shape[0], dtype=torch.bool)
+
+
+def chi2_pvalue(samples: torch.Tensor, probs: torch.Tensor) -> float:
+    """Goodness of fit of integer `samples` to `probs` (cells with an expectation below 5 merged
+    into one); the p-value from the regularised upper incomplete gamma: P(chi2_df > x) =
+    Q(df / 2, x / 2)."""
+    expected = probs.double().flatten() * samples.numel()
+    observed = torch.bincount(samples.flatten(), minlength=expected.numel()).double()
+    assert observed[expected == 0].sum() == 0, "a sample of probability 0"
+    small = expected < 5
+    exp_cells = torch.cat([expected[~small], expected[small].sum().view(1)])
+    obs_cells = torch.cat([observed[~small], observed[small].sum().view(1)])
+    keep = exp_cells > 0
+    exp_cells, obs_cells = exp_cells[keep], obs_cells[keep]
+    stat = ((obs_cells - exp_cells) ** 2 / exp_cells).sum()
+    df = torch.tensor(float(exp_cells.numel() - 1), dtype=torch.float64)
+    return float(torch.special.gammaincc(df / 2, stat / 2))
+
+
+def joint_probs(world: World) -> torch.Tensor:
+    return world.p[0][0].view(V, 1) * world.p[1]  # [t1, t2]
+
+
+def test_chi2_helper_is_calibrated() -> None:
+    """The helper against known values: chi2 with 1 dof, x = 3.841 -> 0.05 (exact samples)."""
+    probs = torch.tensor([0.5, 0.5])
+    # 1000 samples with 531 zeros: x = 2 * 31^2 / 500 = 3.844, p = 0.0499
+    samples = torch.cat([torch.zeros(531), torch.ones(469)]).long()
+    assert chi2_pvalue(samples, probs) == pytest.approx(0.0499, abs=5e-4)
+    g = torch.Generator().manual_seed(0)
+    fair = torch.multinomial(torch.full((8,), 0.125), N_SAMPLES, True, generator=g)
+    assert chi2_pvalue(fair, torch.full((8,), 0.125)) > ALPHA
+    assert chi2_pvalue(fair, torch.tensor([0.13] * 4 + [0.12] * 4)) < ALPHA
+
+
+CASES = [
+    ("chain3", SAMPLED, "t1"),
+    ("chain3", DET, "topk"),
+    ("k2d2", SAMPLED, "t1"),
+    ("k2d2", DISTINCT, "topp"),
+    ("k3d3", DISTINCT, "t1"),
+    ("k3d3", SAMPLED, "topk"),
+    ("k3d3", DET, "topp"),
+    ("k4d2", DET, "t1"),
+    ("k4d2", SAMPLED, "topp"),
+    ("k4d2", DISTINCT, "topk"),
+]
+
+
+@pytest.mark.parametrize("shape,kind,transform", CASES)
+def test_committed_tokens_follow_the_target(shape, kind, transform) -> None:
+    seed = CASES.index((shape, kind, transform))
+    world = make_world(4, transform, seed)
+    out = first_two_tokens(world, SHAPES[shape], kind, 100 + seed)
+    assert chi2_pvalue(out[:, 0], world.p[0][0]) > ALPHA
+    assert chi2_pvalue(out[:, 0] * V + out[:, 1], joint_probs(world)) > ALPHA
+
+
+def _rule(kind=None, q=None):
+    """`tree_accept` with the tree's kind or draft probabilities replaced (wrong on purpose)."""
+
+    def accept(tree, p, coins):
+        tree = tree._replace(kind=kind or tree.kind)
+        if q is not None:
+            tree = tree._replace(draft_probs=torch.full_like(tree.draft_probs, q))
+        return tree_accept(tree, p, no_greedy(p), coins).tokens
+
+    return accept
+
+
+def test_negative_controls_are_rejected() -> None:
+    """Wrong rules fail the same test: accepting every draft (the first token is then the
+    draft's); the with-replacement rule on drafts drawn without replacement; a q that is not the
+    distribution the drafts were drawn from (uniform)."""
+    world = make_world(4, "t1", 7)
+    always = first_two_tokens(world, SHAPES["chain3"], SAMPLED, 1, rule=lambda t, p, c: t.tokens)
+    assert chi2_pvalue(always[:, 0], world.p[0][0]) < ALPHA
+    out = first_two_tokens(world, SHAPES["k2d2"], DISTINCT, 2, rule=_rule(kind=SAMPLED))
+    assert chi2_pvalue(out[:, 0], world.p[0][0]) < ALPHA
+    out = first_two_tokens(world, SHAPES["chain3"], SAMPLED, 3, rule=_rule(q=1.0 / V))
+    assert chi2_pvalue(out[:, 0], world.p[0][0]) < ALPHA
+
+
+@pytest.mark.parametrize("kind", [SAMPLED, DISTINCT])
+def test_deterministic_rule_is_exact_for_sampled_drafts_but_accepts_less(kind) -> None:
+    """Ignoring q (try child x with probability r(x)) is exact for children drawn any way
+    independent of the verify coins; using q accepts more tokens per step (1 - TV(p, q) per
+    try instead of E_q[p(x)])."""
+    world = make_world(4, "t1", 11)
+    out = first_two_tokens(world, SHAPES["k3d3"], kind, 5, rule=_rule(kind=DET))
+    assert chi2_pvalue(out[:, 0] * V + out[:, 1], joint_probs(world)) > ALPHA
+    gen = torch.Generator().manual_seed(6)
+    tree, p = draw_trees(world, SHAPES["k3d3"], kind, torch.zeros(4000, dtype=torch.int64), 0, gen)
+    coins = torch.rand(p.shape[:2], generator=gen)
+    with_q = tree_accept(tree, p, no_greedy(p), coins).num_accepted.float().mean()
+    without = tree_accept(tree._replace(kind=DET), p, no_greedy(p), coins).num_accepted
+    assert with_q > without.float().mean() + 0.05
+
+
+def test_target_probs_is_what_the_sampler_draws_from() -> None:
+    """The sampler's own draws (top-k and top-p rows) fit `target_probs` of the same logits."""
+    logits = torch.randn(1, 12, generator=torch.Generator().manual_seed(3)) * 2
+    for _, top_k, top_p in TRANSFORMS.values():
+        sb = sampling_batch(N_SAMPLES, 1.0, top_k, top_p)
+        sb.generators = [torch.Generator().manual_seed(i) for i in range(N_SAMPLES)]
+        drawn = sample(logits.expand(N_SAMPLES, -1).clone(), sb).next_token_ids
+        probs = target_probs(logits.clone(), sampling_batch(1, 1.0, top_k, top_p)).probs[0]
+        assert chi2_pvalue(drawn, probs) > ALPHA
+        if top_k is not None:
+            assert int((probs > 0).sum()) == top_k
+
+
+def _greedy_walk(world: World, tokens: list[int], parents: list[int]) -> list[int]:
+    """The target's greedy continuation along one tree: follow the first child holding the
+    argmax, then the argmax bonus."""
+    cur, depth, code, out = 0, 0, 0, []
+    while True:
+        best = int(world.p[depth][code].argmax())
+        child = next((j for j, pa in enumerate(parents) if pa == cur and tokens[j] == best), None)
+        out.append(best)
+        if child is None:
+            return out
+        cur, depth, code = child, depth + 1, code * V + best
+
+
+@pytest.mark.parametrize("kind", [DET, SAMPLED, DISTINCT])
+def test_greedy_commits_the_targets_greedy_continuation_along_the_tree(kind) -> None:
+    """Greedy rows (one-hot `target_probs`): the committed tokens are the target's argmax path as
+    far as the tree holds it, then the argmax bonus, whatever the draft's q; half the nodes hold
+    the argmax token."""
+    world = make_world(4, "t1", 21, greedy=True)
+    parents = SHAPES["k3d3"]
+    b, n = 400, len(parents)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.zeros(b, n, dtype=torch.int64)
+    code = torch.zeros(b, n, dtype=torch.int64)
+    depth = [0] * n
+    for j in range(1, n):
+        pa = parents[j]
+        depth[j] = depth[pa] + 1
+        best = world.p[depth[pa]][code[:, pa]].argmax(-1)
+        rand = torch.randint(0, V, (b,), generator=g)
+        tokens[:, j] = torch.where(torch.rand(b, generator=g) < 0.5, best, rand)
+        code[:, j] = code[:, pa] * V + tokens[:, j]
+    probs = torch.stack([world.p[depth[j]][code[:, j]] for j in range(n)], dim=1)
+    target = target_probs(probs.log().view(b * n, V), sampling_batch(b * n, greedy=True))
+    q = None if kind is DET else torch.softmax(torch.randn(b, n, V, generator=g), -1)
+    tree = DraftTree(tokens, torch.tensor(parents).expand(b, n), q, kind)
+    res = accept_trees(tree, target, [torch.Generator().manual_seed(i) for i in range(b)])
+    for i in range(b):
+        want = _greedy_walk(world, tokens[i].tolist(), parents)
+        a = int(res.num_accepted[i])
+        assert res.tokens[i, : a + 1].tolist() == want and (res.tokens[i, a + 1 :] == -1).all()
+        assert [int(tokens[i, j]) for j in res.path[i, 1 : a + 1]] == want[:-1]
+    assert set(res.num_accepted.tolist()) == {0, 1, 2, 3}  # every depth, full trees included
