@@ -41,10 +41,11 @@ TRANSFORMS = {  # (temperature, top_k, top_p)
     "t1": (1.0, None, None),
     "topk": (1.0, 5, None),
     "topp": (1.0, None, 0.8),
+    "all": (0.7, 6, 0.9),  # temperature, then top-k, then top-p
 }
 
 
-def sampling_batch(rows: int, temperature=1.0, top_k=None, top_p=None, greedy=False):
+def sampling_batch(rows: int, temperature=1.0, top_k=None, top_p=None, greedy=False, min_p=None):
     """A SamplingBatch of `rows` identical rows (what the scheduler builds for verify rows)."""
     if greedy:
         return SamplingBatch.greedy_only(rows)
@@ -55,7 +56,7 @@ def sampling_batch(rows: int, temperature=1.0, top_k=None, top_p=None, greedy=Fa
         all_greedy=False,
         top_ps=None if top_p is None else full(top_p),
         top_ks=None if top_k is None else full(top_k, torch.int64),
-        min_ps=None,
+        min_ps=None if min_p is None else full(min_p),
         generators=[None] * rows,
         frequency=None,
         presence=None,
@@ -142,11 +143,12 @@ def no_greedy(p: torch.Tensor) -> torch.Tensor:
 
 def chi2_pvalue(samples: torch.Tensor, probs: torch.Tensor) -> float:
     """Goodness of fit of integer `samples` to `probs` (cells with an expectation below 5 merged
-    into one); the p-value from the regularised upper incomplete gamma: P(chi2_df > x) =
+    into one; 0 when a sample has probability 0); the p-value from the regularised upper incomplete gamma: P(chi2_df > x) =
     Q(df / 2, x / 2)."""
     expected = probs.double().flatten() * samples.numel()
     observed = torch.bincount(samples.flatten(), minlength=expected.numel()).double()
-    assert observed[expected == 0].sum() == 0, "a sample of probability 0"
+    if observed[expected == 0].sum() > 0:
+        return 0.0  # a sample of probability 0: no fit at all
     small = expected < 5
     exp_cells = torch.cat([expected[~small], expected[small].sum().view(1)])
     obs_cells = torch.cat([observed[~small], observed[small].sum().view(1)])
@@ -184,6 +186,8 @@ CASES = [
     ("k4d2", DET, "t1"),
     ("k4d2", SAMPLED, "topp"),
     ("k4d2", DISTINCT, "topk"),
+    ("k2d2", SAMPLED, "all"),
+    ("k3d3", DET, "all"),
 ]
 
 
@@ -238,16 +242,26 @@ def test_deterministic_rule_is_exact_for_sampled_drafts_but_accepts_less(kind) -
 
 
 def test_target_probs_is_what_the_sampler_draws_from() -> None:
-    """The sampler's own draws (top-k and top-p rows) fit `target_probs` of the same logits."""
+    """The sampler's own draws fit `target_probs` of the same logits, for each transform (and
+    min-p); greedy rows are one-hot at the argmax."""
     logits = torch.randn(1, 12, generator=torch.Generator().manual_seed(3)) * 2
-    for _, top_k, top_p in TRANSFORMS.values():
-        sb = sampling_batch(N_SAMPLES, 1.0, top_k, top_p)
+    settings = [(*t, None) for t in TRANSFORMS.values()] + [(1.0, None, None, 0.1)]
+    for temp, top_k, top_p, min_p in settings:
+        sb = sampling_batch(N_SAMPLES, temp, top_k, top_p, min_p=min_p)
         sb.generators = [torch.Generator().manual_seed(i) for i in range(N_SAMPLES)]
         drawn = sample(logits.expand(N_SAMPLES, -1).clone(), sb).next_token_ids
-        probs = target_probs(logits.clone(), sampling_batch(1, 1.0, top_k, top_p)).probs[0]
+        one = sampling_batch(1, temp, top_k, top_p, min_p=min_p)
+        probs = target_probs(logits.clone(), one).probs[0]
         assert chi2_pvalue(drawn, probs) > ALPHA
+        assert float(probs.sum()) == pytest.approx(1.0)
         if top_k is not None:
-            assert int((probs > 0).sum()) == top_k
+            assert int((probs > 0).sum()) <= top_k
+    greedy = target_probs(logits.clone(), sampling_batch(1, greedy=True))
+    assert (
+        greedy.greedy.all()
+        and greedy.probs[0].tolist()
+        == torch.nn.functional.one_hot(logits.argmax(-1), 12)[0].float().tolist()
+    )
 
 
 def _greedy_walk(world: World, tokens: list[int], parents: list[int]) -> list[int]:
@@ -293,3 +307,161 @@ def test_greedy_commits_the_targets_greedy_continuation_along_the_tree(kind) -> 
         assert res.tokens[i, : a + 1].tolist() == want and (res.tokens[i, a + 1 :] == -1).all()
         assert [int(tokens[i, j]) for j in res.path[i, 1 : a + 1]] == want[:-1]
     assert set(res.num_accepted.tolist()) == {0, 1, 2, 3}  # every depth, full trees included
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _flat(p: torch.Tensor):
+    """`TargetProbs` of the rows of `p` [B, N, V] (softmax(log p) at temperature 1 is p)."""
+    return target_probs(p.log().flatten(0, 1), sampling_batch(p.shape[0] * p.shape[1]))
+
+
+def test_a_requests_result_depends_only_on_its_tree_and_generator() -> None:
+    """Batched with another request's tree, or padded with junk nodes (parent < 0), a request
+    commits what it commits alone with the same generator seed."""
+    world = make_world(4, "t1", 41)
+    gen = torch.Generator().manual_seed(0)
+    n = len(SHAPES["k3d3"])
+    for seed in range(40):
+        chain, p_chain = draw_trees(world, SHAPES["chain3"], SAMPLED, torch.zeros(1).long(), 0, gen)
+        tree, p_tree = draw_trees(world, SHAPES["k3d3"], SAMPLED, torch.zeros(1).long(), 0, gen)
+        pad = n - 4
+        junk = torch.softmax(torch.randn(1, pad, V, generator=gen), -1)
+        padded = DraftTree(
+            torch.cat([chain.tokens, torch.randint(0, V, (1, pad), generator=gen)], 1),
+            torch.cat([chain.parents, torch.full((1, pad), -1)], 1),
+            torch.cat([chain.draft_probs, junk], 1),
+            SAMPLED,
+        )
+        p_padded = torch.cat([p_chain, junk], 1)
+        both = DraftTree(*(torch.cat([a, b]) for a, b in zip(padded[:3], tree[:3])), SAMPLED)
+        p_both = torch.cat([p_padded, p_tree])
+        coins = torch.rand(2, n, generator=torch.Generator().manual_seed(seed))
+        together = tree_accept(both, p_both, no_greedy(p_both), coins)
+        alone_tree = tree_accept(tree, p_tree, no_greedy(p_tree), coins[1:])
+        alone_chain = tree_accept(chain, p_chain, no_greedy(p_chain), coins[:1, :4])
+        assert together.tokens[1].tolist() == alone_tree.tokens[0].tolist()
+        assert together.tokens[0, :4].tolist() == alone_chain.tokens[0].tolist()
+        assert together.path[0, :4].tolist() == alone_chain.path[0].tolist()
+        # accept_trees draws each row's coins from that row's generator only
+        res = accept_trees(both, _flat(p_both), [_gen(seed), _gen(99)])
+        solo = accept_trees(padded, _flat(p_padded), [_gen(seed)])
+        assert res.tokens[0].tolist() == solo.tokens[0].tolist()
+
+
+def test_logprobs_of_the_committed_tokens() -> None:
+    """Logprobs follow the sampler's convention (log_softmax before temperature) at the node each
+    committed token was drawn from: path[k] for token k; NaN past the bonus."""
+    world = make_world(4, "topk", 51)
+    b, parents = 64, SHAPES["k2d2"]
+    n = len(parents)
+    tree, _ = draw_trees(world, parents, SAMPLED, torch.zeros(b).long(), 0, torch.Generator())
+    logits = torch.randn(b * n, V, generator=torch.Generator().manual_seed(1)) * 2
+    target = target_probs(logits.clone(), sampling_batch(b * n, 0.7, 5), return_logprob=True)
+    res = accept_trees(tree, target, [torch.Generator().manual_seed(i) for i in range(b)])
+    want_lp = torch.log_softmax(logits, -1).view(b, n, V)
+    assert res.logprobs is not None
+    for i in range(b):
+        a = int(res.num_accepted[i])
+        for k in range(a + 1):
+            node, tok = int(res.path[i, k]), int(res.tokens[i, k])
+            assert target.probs[i * n + node, tok] > 0
+            assert float(res.logprobs[i, k]) == pytest.approx(float(want_lp[i, node, tok]))
+        assert res.logprobs[i, a + 1 :].isnan().all()
+
+
+PROMPT = [5, 17, 250, 3, 99, 42]
+
+
+def _last_logits(runner, seqs: list[list[int]]) -> torch.Tensor:
+    """The last position's logits of each sequence, in one EXTEND forward (no cache)."""
+    from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
+
+    lens = [len(s) for s in seqs]
+    rows = [runner.req_to_token.alloc() for _ in seqs]
+    slots = runner.kv_pool.allocator.alloc(sum(lens))
+    starts = [sum(lens[:i]) for i in range(len(seqs))]
+    for row, start, n in zip(rows, starts, lens):
+        runner.req_to_token.write(row, 0, slots[start : start + n])
+    t = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
+    last = [s + n - 1 for s, n in zip(starts, lens)]
+    batch = ForwardBatch(
+        ForwardMode.EXTEND, len(seqs), t([x for s in seqs for x in s]),
+        t([i for n in lens for i in range(n)]), slots, t(rows), t(lens), lens, [0] * len(seqs),
+        lens, t([0] * len(seqs)), t(lens), t(starts), t(last), last,
+    )  # fmt: skip
+    try:
+        return runner.compute_logits(runner.forward(batch)).float()
+    finally:
+        runner.kv_pool.allocator.free(slots)
+        for row in rows:
+            runner.req_to_token.free(row)
+
+
+@pytest.fixture(scope="module")
+def llama_pair():
+    """A tiny random-weight Llama (runtime/models) and a perturbed copy as its draft. The final
+    norm is scaled down so that the next-token distribution is spread over many tokens."""
+    from radixlm.runtime.executor.model_runner import ModelRunner
+    from radixlm.runtime.models.loader import resolve_model
+    from radixlm.runtime.server_args import ServerArgs
+
+    def runner():
+        args = ServerArgs(
+            model_path="tiny-llama", load_format="dummy", max_total_tokens=512,
+            max_running_requests=40,
+        )  # fmt: skip
+        r = ModelRunner(args, resolve_model("tiny-llama", "dummy"))
+        with torch.no_grad():
+            r.model.norm.weight.mul_(0.1)
+        return r
+
+    target, draft = runner(), runner()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for w in draft.model.parameters():
+            w.add_(torch.randn(w.shape, generator=g) * w.std() * 0.5)
+    return target, draft
+
+
+@pytest.mark.parametrize(
+    "kind,top_k,top_p", [(SAMPLED, 16, None), (DISTINCT, None, 0.2), (DET, None, 0.2)]
+)
+def test_tiny_llama_first_token_follows_the_target(llama_pair, kind, top_k, top_p) -> None:
+    """p from the model's logits after a prompt, q from its perturbed copy (both through the
+    request's temperature 1 and top-k / top-p); three children at depth 1 (drawn from q, or its
+    top-3): the first committed token's frequencies fit p."""
+    target_runner, draft_runner = llama_pair
+    sb = lambda rows: sampling_batch(rows, 1.0, top_k, top_p)  # noqa: E731
+    q = target_probs(_last_logits(draft_runner, [PROMPT]), sb(1)).probs[0]
+    support = q.nonzero().view(-1).tolist()
+    seqs = [PROMPT] + [[*PROMPT, x] for x in support]
+    p_rows = target_probs(_last_logits(target_runner, seqs), sb(len(seqs))).probs
+    assert 0.05 < 0.5 * float((p_rows[0] - q).abs().sum()) < 0.95  # q != p, yet they overlap
+    # NOTE: the walk only ever meets tokens some row gives mass to: keep those columns (fast).
+    keep = ((p_rows > 0).any(0) | (q > 0)).nonzero().view(-1)
+    p_rows, q, vocab = p_rows[:, keep], q[keep], keep.numel()
+    p_root = p_rows[0]
+    p_child = torch.zeros(vocab, vocab)
+    p_child[torch.searchsorted(keep, torch.tensor(support))] = p_rows[1:]
+
+    b, gen = N_SAMPLES, torch.Generator().manual_seed(0)
+    if kind is DET:
+        children = q.topk(3).indices.expand(b, 3)
+    else:
+        children = torch.multinomial(q.expand(b, -1), 3, kind is SAMPLED, generator=gen)
+    tokens = torch.cat([torch.zeros(b, 1).long(), children], 1)  # root: not tested
+    node_p = torch.cat([p_root.expand(b, 1, -1), p_child[children]], 1)
+    node_q = None if kind is DET else q.expand(b, 4, -1)
+    tree = DraftTree(tokens, torch.tensor([-1, 0, 0, 0]).expand(b, 4), node_q, kind)
+    res = tree_accept(tree, node_p, no_greedy(node_p), torch.rand(b, 4, generator=gen))
+    assert chi2_pvalue(res.tokens[:, 0], p_root) > ALPHA
+    if kind is not DET:  # the test has the power to tell q from p: the drafts themselves fail it
+        assert chi2_pvalue(children[:, 0], p_root) < ALPHA
+    accepted = res.num_accepted == 1
+    assert 0.2 < float(accepted.float().mean()) < 1.0
+    # the second token, after an accepted child, is drawn from p at that child
+    second = res.tokens[accepted, 1]
+    assert (p_child[res.tokens[accepted, 0], second] > 0).all()
