@@ -162,56 +162,96 @@ def tree_accept(
     target [B, N, V]: `p_j` of every node (`target_probs(...).probs.view(B, N, V)`); greedy [B]
     bool; coins [B, N] uniforms (`draw_coins`); target_logprobs [B, N, V] (optional) for the
     committed tokens' logprobs. One vectorised step per node index, no host sync."""
-    tokens, parents, q_all, kind = tree
     b, n, _ = target.shape
-    dev = target.device
-    rows = torch.arange(b, device=dev)
-    cur = torch.zeros(b, dtype=torch.int64, device=dev)
-    num_acc = torch.zeros(b, dtype=torch.int64, device=dev)
-    path = torch.full((b, n), -1, dtype=torch.int64, device=dev)
+    rows = torch.arange(b, device=target.device)
+    best = argmax(target.flatten(0, 1)).view(b, n)  # greedy rows' choice at every node
+    walk = _walk_deterministic if tree.kind is DraftKind.DETERMINISTIC else _walk_sampled
+    path, num_acc, residual = walk(tree, target, greedy, coins, best)
+    cur = path[rows, num_acc]
+    bonus = torch.where(greedy, best[rows, cur], _draw(residual, coins[:, 0]))
+    steps = torch.arange(n, device=target.device).view(1, -1)
+    path_tokens = tree.tokens.gather(1, path.clamp_min(0).roll(-1, dims=1))  # path[k + 1]'s
+    out = torch.where(steps < num_acc.view(-1, 1), path_tokens, -1)
+    out[rows, num_acc] = bonus
+    logprobs = None
+    if target_logprobs is not None:
+        lp = target_logprobs[rows.view(-1, 1), path.clamp_min(0), out.clamp_min(0)].float()
+        logprobs = torch.where(steps <= num_acc.view(-1, 1), lp, float("nan"))
+    return TreeAcceptResult(path, num_acc, out, logprobs)
+
+
+_Walk = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # path, num_accepted, final residual
+
+
+def _advance(path, num_acc, cur, acc, j) -> None:
+    num_acc += acc
+    rows = torch.arange(path.shape[0], device=path.device)
+    path[rows, num_acc] = torch.where(acc, j, path[rows, num_acc])
+    cur.copy_(torch.where(acc, j, cur))
+
+
+def _start(b: int, n: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    path = torch.full((b, n), -1, dtype=torch.int64, device=device)
     path[:, 0] = 0
-    r = target[:, 0].float().clone()
-    sampled = kind is not DraftKind.DETERMINISTIC
-    if sampled:
-        assert q_all is not None, f"{kind} drafts need draft_probs"
-        qc = q_all[:, 0].float().clone()
+    zeros = torch.zeros(b, dtype=torch.int64, device=device)
+    return path, zeros, zeros.clone()
+
+
+def _walk_deterministic(tree, target, greedy, coins, best) -> _Walk:
+    """q one-hot: the residual at node c is p_c with the rejected children's tokens removed, so
+    the walk keeps only scalars (the removed mass and which nodes were rejected) and builds the
+    one residual it draws from at the end."""
+    tokens, parents = tree.tokens, tree.parents
+    b, n, _ = target.shape
+    rows = torch.arange(b, device=target.device)
+    path, num_acc, cur = _start(b, n, target.device)
+    removed = torch.zeros(b, dtype=torch.float32, device=target.device)
+    rejected = torch.zeros(b, n, dtype=torch.bool, device=target.device)
     for j in range(1, n):
         cand = parents[:, j] == cur  # padding (parent < 0) never matches
         tok = tokens[:, j]
-        r_tok = r[rows, tok]
-        if sampled:
-            ratio = r_tok / qc[rows, tok].clamp_min(1e-30)
-            residual = (r - qc).clamp_min_(0.0)
-        else:
-            ratio = r_tok
-            residual = r.scatter(1, tok.view(-1, 1), 0.0)
+        p_tok = target[rows, cur, tok].float()
+        # NOTE: a token already rejected under this node has residual mass 0.
+        seen = (rejected[:, :j] & (tokens[:, :j] == tok.view(-1, 1))).any(dim=1)
+        ratio = torch.where(seen, 0.0, p_tok / (1.0 - removed).clamp_min(1e-30))
         acc_sampled = coins[:, j] < ratio.clamp(max=1.0)
-        acc_greedy = tok == argmax(r)  # greedy rows keep r = p_c (never residualised)
-        acc = cand & torch.where(greedy, acc_greedy, acc_sampled)
+        acc = cand & torch.where(greedy, tok == best[rows, cur], acc_sampled)
+        rej = cand & ~acc & ~greedy & ~seen
+        removed = torch.where(rej, removed + p_tok, torch.where(acc, 0.0, removed))
+        rejected[:, j] = rej
+        rejected &= ~acc.view(-1, 1)  # NOTE: only the current node's rejected children matter
+        _advance(path, num_acc, cur, acc, j)
+    residual = target[rows, cur].float()
+    drop = torch.where(rejected, tokens, residual.shape[-1])  # V: a dummy column
+    residual = torch.cat([residual, residual.new_zeros(b, 1)], 1).scatter_(1, drop, 0.0)
+    return path, num_acc, residual[:, :-1]
+
+
+def _walk_sampled(tree, target, greedy, coins, best) -> _Walk:
+    """q-based rules: the residual max(r - q, 0) is dense, kept as [B, V]."""
+    tokens, parents, q_all, kind = tree
+    assert q_all is not None, f"{kind} drafts need draft_probs"
+    b, n, _ = target.shape
+    rows = torch.arange(b, device=target.device)
+    path, num_acc, cur = _start(b, n, target.device)
+    r = target[:, 0].float().clone()
+    qc = q_all[:, 0].float().clone()
+    for j in range(1, n):
+        cand = parents[:, j] == cur  # padding (parent < 0) never matches
+        tok = tokens[:, j]
+        ratio = r[rows, tok] / qc[rows, tok].clamp_min(1e-30)
+        acc_sampled = coins[:, j] < ratio.clamp(max=1.0)
+        acc = cand & torch.where(greedy, tok == best[rows, cur], acc_sampled)
         rej = (cand & ~acc & ~greedy).view(-1, 1)
-        r = torch.where(rej, _normalise(residual, r), r)
+        r = torch.where(rej, _normalise((r - qc).clamp_min_(0.0), r), r)
         if kind is DraftKind.SAMPLED_DISTINCT:
             q_next = qc.scatter(1, tok.view(-1, 1), 0.0)
             qc = torch.where(rej, _normalise(q_next, qc), qc)
         acc2 = acc.view(-1, 1)
         r = torch.where(acc2, target[:, j].float(), r)
-        if sampled:
-            qc = torch.where(acc2, q_all[:, j].float(), qc)
-        num_acc += acc
-        path[rows, num_acc] = torch.where(acc, j, path[rows, num_acc])
-        cur = torch.where(acc, j, cur)
-
-    bonus = torch.where(greedy, argmax(r), _draw(r, coins[:, 0]))
-    steps = torch.arange(n, device=dev).view(1, -1)
-    path_tokens = tokens.gather(1, path.clamp_min(0).roll(-1, dims=1))  # token of path[k + 1]
-    out = torch.where(steps < num_acc.view(-1, 1), path_tokens, -1)
-    out[rows, num_acc] = bonus
-    logprobs = None
-    if target_logprobs is not None:
-        src = path.clamp_min(0)
-        lp = target_logprobs[rows.view(-1, 1), src, out.clamp_min(0)].float()
-        logprobs = torch.where(steps <= num_acc.view(-1, 1), lp, float("nan"))
-    return TreeAcceptResult(path, num_acc, out, logprobs)
+        qc = torch.where(acc2, q_all[:, j].float(), qc)
+        _advance(path, num_acc, cur, acc, j)
+    return path, num_acc, r
 
 
 def accept_trees(
