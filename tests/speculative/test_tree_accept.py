@@ -23,6 +23,7 @@ from speculative.tree_stats import (
     TRANSFORMS,
     V,
     World,
+    accept_reference,
     chi2_pvalue,
     draw_trees,
     first_two_tokens,
@@ -321,3 +322,35 @@ def test_tiny_llama_first_token_follows_the_target(llama_pair, kind, top_k, top_
     # the second token, after an accepted child, is drawn from p at that child
     second = res.tokens[accepted, 1]
     assert (p_child[res.tokens[accepted, 0], second] > 0).all()
+
+
+@pytest.mark.parametrize("kind", [DET, SAMPLED, DISTINCT])
+def test_vectorised_walk_equals_the_plain_reference(kind) -> None:
+    """Random trees (random shapes, repeated tokens, padding, zero probabilities, greedy rows
+    mixed in) with the same coins: the batched walk commits exactly what the one-request
+    reference does."""
+    g = _gen(len(kind.value))
+    b, n, vocab = 300, 9, 6
+    parents = torch.stack([torch.randint(0, j, (b,), generator=g) for j in range(1, n)], 1)
+    size = torch.randint(1, n + 1, (b, 1), generator=g)  # real nodes per row, the root included
+    parents = torch.cat([torch.full((b, 1), -1), parents], 1)
+    parents = torch.where(torch.arange(n) < size, parents, -1)
+    tokens = torch.randint(0, vocab, (b, n), generator=g)
+
+    def dist():
+        x = torch.rand(b, n, vocab, generator=g) * (torch.rand(b, n, vocab, generator=g) > 0.3)
+        x[..., 0] += 0.01  # no empty row
+        return x / x.sum(-1, keepdim=True)
+
+    p, q = dist(), None if kind is DET else dist()
+    greedy = torch.rand(b, generator=g) < 0.25
+    coins = torch.rand(b, n, generator=g)
+    res = tree_accept(DraftTree(tokens, parents, q, kind), p, greedy, coins)
+    for i in range(b):
+        path, committed = accept_reference(
+            tokens[i], parents[i].tolist(), p[i], None if q is None else q[i], kind,
+            bool(greedy[i]), coins[i],
+        )  # fmt: skip
+        a = int(res.num_accepted[i])
+        assert res.path[i, : a + 1].tolist() == path
+        assert res.tokens[i, : a + 1].tolist() == committed

@@ -175,3 +175,52 @@ def last_logits(runner, seqs: list[list[int]]) -> torch.Tensor:
         runner.kv_pool.allocator.free(slots)
         for row in rows:
             runner.req_to_token.free(row)
+
+
+def accept_reference(tokens, parents, p, q, kind, greedy, coins) -> tuple[list[int], list[int]]:
+    """One request, the module docstring's rule written as plainly as possible (the oracle of
+    the vectorised walk): returns (path, committed tokens). Same coin convention: coin j tests
+    node j, coin 0 draws the bonus by inverse CDF."""
+    n = len(parents)
+    cur, path, r = 0, [0], p[0].double().clone()
+    qc = None if q is None else q[0].double().clone()
+    while True:
+        accepted = None
+        for x in [j for j in range(1, n) if parents[j] == cur]:
+            t = int(tokens[x])
+            if greedy:
+                if t == int(p[cur].argmax()):
+                    accepted = x
+                    break
+                continue
+            if kind is DET or r[t] == 0:
+                ratio = float(r[t])
+            else:  # NOTE: q(x) = 0 (not drawable, a broken contract) accepts when r(x) > 0
+                ratio = float(r[t] / qc[t]) if qc[t] > 0 else 1.0
+            if float(coins[x]) < min(1.0, ratio):
+                accepted = x
+                break
+            res = r.clone()
+            if kind is DET:
+                res[t] = 0.0
+            else:
+                res = (r - qc).clamp_min(0.0)
+            if res.sum() > 1e-12:
+                r = res / res.sum()
+            if kind is DISTINCT:
+                qn = qc.clone()
+                qn[t] = 0.0
+                if qn.sum() > 0:
+                    qc = qn / qn.sum()
+        if accepted is None:
+            break
+        cur = accepted
+        path.append(cur)
+        r = p[cur].double().clone()
+        qc = None if q is None else q[cur].double().clone()
+    if greedy:
+        bonus = int(p[cur].argmax())
+    else:
+        cdf = r.cumsum(0)
+        bonus = int((cdf <= float(coins[0]) * float(cdf[-1])).sum())
+    return path, [int(tokens[j]) for j in path[1:]] + [bonus]
