@@ -37,10 +37,19 @@ rejection needs `r(x) < q(x)`), so a duplicate of `x` among later siblings is re
 `q` must be the distribution the draft tokens were actually drawn from: with temperature or top-k /
 top-p / min-p on the draft, the transformed probabilities (`target_probs` of the draft logits with
 the same rows' sampling state). Any other `q` breaks exactness; a token with `q(x) = 0` (not
-drawable) is accepted whenever `r(x) > 0`, which is already a broken contract.
+drawable) is accepted whenever `r(x) > 0`, which is already a broken contract. So does choosing
+sampled children by their values after drawing them (e.g. EAGLE-2's reranking of a sampled tree
+by cumulative draft score: the kept children are no longer q-distributed): such trees, and every
+tree of top-k children, are DETERMINISTIC. Sequential sampling without replacement and the
+Gumbel-top-k trick (`torch.multinomial(..., replacement=False)`, in its output order) give the
+SAMPLED_DISTINCT order.
 
 Greedy rows (temperature 0): child `x` is accepted iff `x == argmax p_c` (the first such child);
 the bonus is `argmax p_c` of the last accepted node: the target's own greedy continuation.
+
+Cost: the DETERMINISTIC walk keeps scalars per request (the removed mass, the rejected children)
+and builds one residual at the end; the q rules keep a dense `[B, V]` residual, a few passes over
+it per node index.
 
 Randomness: per request, `N` uniforms (`draw_coins`, one call on the request's own
 `torch.Generator`): coin j >= 1 tests node j (a node is tested at most once), coin 0 draws the
@@ -123,6 +132,18 @@ def target_probs(
         probs = probs / probs.sum(dim=-1, keepdim=True)
     probs = torch.where(sb.greedy.view(-1, 1), onehot, probs)
     return TargetProbs(probs, sb.greedy.clone(), logprobs)
+
+
+def node_contexts(tokens: Sequence[int], parents: Sequence[int]) -> list[list[int]]:
+    """Per node of one tree, the draft tokens from the root (excluded: it is already an output) to
+    the node (included): what verify row j's sampling state must see appended to the request's
+    outputs (penalty counts, the min-new-tokens ban, the grammar state). [] for the root and for
+    padding nodes."""
+    out: list[list[int]] = [[]]
+    for j in range(1, len(parents)):
+        pa = parents[j]
+        out.append([*out[pa], int(tokens[j])] if pa >= 0 else [])
+    return out
 
 
 def draw_coins(

@@ -38,6 +38,7 @@ from radixlm.runtime.sampling.sampler import sample
 from radixlm.runtime.speculative.tree_accept import (
     DraftTree,
     accept_trees,
+    node_contexts,
     target_probs,
     tree_accept,
 )
@@ -354,3 +355,9 @@ def test_vectorised_walk_equals_the_plain_reference(kind) -> None:
         a = int(res.num_accepted[i])
         assert res.path[i, : a + 1].tolist() == path
         assert res.tokens[i, : a + 1].tolist() == committed
+
+
+def test_node_contexts_are_the_paths_below_the_root() -> None:
+    tokens = [9, 4, 5, 6, 7, 8]
+    parents = [-1, 0, 0, 1, 3, -1]
+    assert node_contexts(tokens, parents) == [[], [4], [5], [4, 6], [4, 6, 7], []]
