@@ -99,7 +99,9 @@ class DraftTree(NamedTuple):
 
 
 class TreeAcceptResult(NamedTuple):
-    path: torch.Tensor  # [B, N] int64: 0 (root), then the a accepted nodes, then -1
+    # [B, N] int64: 0 (root), then the a accepted nodes, then -1; `path[i, : a + 1]` is the
+    # root path tree.commit_path takes
+    path: torch.Tensor
     num_accepted: torch.Tensor  # [B] int64 a: accepted draft tokens (committed: a + 1)
     tokens: torch.Tensor  # [B, N] int64: the a accepted tokens, the bonus at [a], then -1
     logprobs: torch.Tensor | None  # [B, N] float32: logprob of tokens[:, k] at node path[:, k]
