@@ -31,6 +31,10 @@ from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.models.loader import resolve_model
 from radixlm.runtime.server_args import ServerArgs
 
+# tests/tiny_models.py's: MoE (routed + shared experts, Mixtral's names), qk-norm, Phi-3's fused
+# qkv / gate_up checkpoint tensors, Gemma's scaled embedding, GeGLU MLP and soft-capped logits
+TINY_ARCHS = ("qwen2_moe", "qwen3_moe", "mixtral", "phi3", "gemma2", "gemma3")
+MODELS = ["llama9", *TINY_ARCHS, "default"]
 PROMPTS = [[1, 9, 28, 25, 31, 7, 100, 42], [3, 50, 60]]
 STEPS = 4
 DEFAULT_PROMPTS = [[1, 9690, 28, 2545, 314, 30, 504, 3458], [1, 504, 3458, 282, 1345]]
@@ -171,13 +175,13 @@ def models() -> dict[str, str | None]:
     from tiny_models import save_tiny
 
     root = tempfile.mkdtemp(prefix="radixlm-tp-")
-    _write_tiny_llama(os.path.join(root, "llama9"))
-    save_tiny("qwen2_moe", os.path.join(root, "qwen2_moe"))
-    return {
-        "llama9": os.path.join(root, "llama9"),
-        "qwen2_moe": os.path.join(root, "qwen2_moe"),
-        "default": None,
-    }
+    paths: dict[str, str | None] = {"llama9": os.path.join(root, "llama9")}
+    _write_tiny_llama(paths["llama9"])
+    for name in TINY_ARCHS:
+        paths[name] = os.path.join(root, name)
+        save_tiny(name, paths[name])
+    paths["default"] = None
+    return paths
 
 
 @pytest.fixture(scope="module")
@@ -232,7 +236,7 @@ def test_local_config_shapes() -> None:
 
 
 # ---- the ranks against TP=1 --------------------------------------------------------------------
-@pytest.mark.parametrize("model", ["llama9", "qwen2_moe", "default"])
+@pytest.mark.parametrize("model", MODELS)
 def test_logits_and_greedy_tokens_equal_tp1(
     ranks: tuple[int, list[dict[str, Any]]], reference: dict[str, Any], model: str
 ) -> None:
@@ -245,7 +249,7 @@ def test_logits_and_greedy_tokens_equal_tp1(
         assert got["tokens"] == ref["tokens"], (tp, rank)
 
 
-@pytest.mark.parametrize("model", ["llama9", "qwen2_moe", "default"])
+@pytest.mark.parametrize("model", MODELS)
 def test_each_rank_holds_its_share_of_the_weights(
     ranks: tuple[int, list[dict[str, Any]]], reference: dict[str, Any], model: str
 ) -> None:
