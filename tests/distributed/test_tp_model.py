@@ -24,6 +24,13 @@ from typing import Any
 import pytest
 import torch
 
+from radixlm.runtime.distributed.comm import (
+    all_gather,
+    all_reduce,
+    all_reduce_min,
+    broadcast,
+    broadcast_object,
+)
 from radixlm.runtime.distributed.sharding import head_split, local_config
 from radixlm.runtime.distributed.state import ParallelState, parallel_state, set_parallel_state
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
@@ -127,7 +134,17 @@ def _rank_main(rank: int, tp: int, port: int, paths: dict[str, str | None], out_
     )  # fmt: skip
     try:
         set_parallel_state(ParallelState(rank, tp, dist.group.WORLD))
-        torch.save(run_models(paths), os.path.join(out_dir, f"rank{rank}.pt"))
+        out = run_models(paths)
+        out["comm"] = {
+            "min": all_reduce_min(10 + (rank + 1) % tp),
+            "sum": all_reduce(torch.tensor([float(rank + 1)])).tolist(),
+            "bcast": broadcast(torch.tensor([float(rank + 7)]), src=tp - 1).tolist(),
+            "obj": broadcast_object({"from": rank}),
+            "gather": all_gather(
+                torch.full((2, rank + 1), float(rank)), sizes=list(range(1, tp + 1))
+            ).tolist(),
+        }
+        torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
@@ -279,3 +296,21 @@ def test_checkpoint_is_read_piece_by_piece(
         per_rank = [res[model][key] for res in results]
         assert max(per_rank) < full / tp * 1.3, (key, tp, per_rank, full)
         assert full <= sum(per_rank) < full * 1.15, (key, tp, per_rank, full)
+
+
+def test_collectives(ranks: tuple[int, list[dict[str, Any]]]) -> None:
+    """comm.py over the group: a min, a sum, broadcasts from the last rank (a tensor, an object),
+    an all-gather of uneven pieces; and at TP=1 each is the identity."""
+    tp, results = ranks
+    gathered = [[float(r) for r in range(tp) for _ in range(r + 1)]] * 2
+    for res in results:
+        assert res["comm"] == {
+            "min": 10,
+            "sum": [tp * (tp + 1) / 2],
+            "bcast": [float(tp - 1 + 7)],
+            "obj": {"from": 0},
+            "gather": gathered,
+        }
+    x = torch.ones(2, 3)
+    assert all_reduce(x) is x and all_gather(x) is x and broadcast(x) is x
+    assert all_reduce_min(5) == 5 and broadcast_object("a") == "a"
