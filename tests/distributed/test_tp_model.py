@@ -48,13 +48,13 @@ DEFAULT_PROMPTS = [[1, 9690, 28, 2545, 314, 30, 504, 3458], [1, 504, 3458, 282, 
 DEFAULT_STEPS = 6
 
 
-def _t(values: list[int]) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int64)
-
-
 def greedy(runner: ModelRunner, prompts: list[list[int]], steps: int) -> dict[str, Any]:
     """One EXTEND of every prompt (logits of each last row), then `steps - 1` batched DECODE
-    steps of the greedy tokens; returns the logits of every step and the tokens."""
+    steps of the greedy tokens; returns the logits of every step (on the CPU) and the tokens."""
+
+    def _t(values: list[int] | torch.Tensor) -> torch.Tensor:
+        return torch.as_tensor(values, dtype=torch.int64).to(runner.device)
+
     rows, slots = [], []
     for p in prompts:
         row = runner.req_to_token.alloc()
@@ -63,7 +63,7 @@ def greedy(runner: ModelRunner, prompts: list[list[int]], steps: int) -> dict[st
         rows.append(row)
         slots.append(s)
     lens = [len(p) for p in prompts]
-    ends = torch.tensor(lens).cumsum(0)
+    ends = _t(lens).cumsum(0)
     last = [int(e) - 1 for e in ends]
     batch = ForwardBatch(
         ForwardMode.EXTEND, len(prompts), _t([i for p in prompts for i in p]),
@@ -85,7 +85,7 @@ def greedy(runner: ModelRunner, prompts: list[list[int]], steps: int) -> dict[st
     for s, row in zip(slots, rows):
         runner.kv_pool.allocator.free(s)
         runner.req_to_token.free(row)
-    return {"logits": torch.stack(logits), "tokens": tokens}
+    return {"logits": torch.stack(logits).cpu(), "tokens": tokens}
 
 
 def _param_bytes(runner: ModelRunner) -> int:
@@ -97,18 +97,18 @@ def _yielded_numel(path: str, load_format: str) -> int:
     return sum(t.numel() for _, t in source.iter_weights(torch.device("cpu"), torch.float32))
 
 
-def _args(path: str | None, **kw: Any) -> ServerArgs:
+def _args(path: str | None, device: str) -> ServerArgs:
     return ServerArgs(
-        model_path=path, dtype="float32", device="cpu", max_total_tokens=256,
-        max_running_requests=4, num_threads=1, **kw,
+        model_path=path, dtype="float32", device=device, max_total_tokens=256,
+        max_running_requests=4, num_threads=1, cuda_graph_max_bs=4,
     )  # fmt: skip
 
 
-def run_models(paths: dict[str, str | None]) -> dict[str, Any]:
-    """Every check's numbers in this process (TP=1, or one rank of a group)."""
+def run_models(paths: dict[str, str | None], device: str = "cpu") -> dict[str, Any]:
+    """Every check's numbers in this process (TP=1, or one rank of a group) on `device`."""
     out: dict[str, Any] = {}
     for name, path in paths.items():
-        runner = ModelRunner(_args(path), resolve_model(path))
+        runner = ModelRunner(_args(path, device), resolve_model(path))
         default = name == "default"
         prompts, steps = (DEFAULT_PROMPTS, DEFAULT_STEPS) if default else (PROMPTS, STEPS)
         out[name] = {
@@ -117,24 +117,33 @@ def run_models(paths: dict[str, str | None]) -> dict[str, Any]:
             "kv_heads": runner.kv_pool.k[0].shape[1],
             "kv_tokens": runner.kv_pool.allocator.capacity,
         }
-        if not default:
+        if not default and device == "cpu":
             out[name]["yielded"] = _yielded_numel(path, "auto")
             out[name]["yielded_dummy"] = _yielded_numel(path, "dummy")
         del runner
     return out
 
 
-def _rank_main(rank: int, tp: int, port: int, paths: dict[str, str | None], out_dir: str) -> None:
+def _rank_main(
+    rank: int, tp: int, port: int, paths: dict[str, str | None], out_dir: str, gpu: bool = False
+) -> None:
+    """One rank: gloo on the CPU, or NCCL on GPU `rank` (CUDA graphs capture its all-reduces)."""
     import torch.distributed as dist
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    device = f"cuda:{rank}" if gpu else "cpu"
+    if gpu:
+        torch.cuda.set_device(rank)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=tp,
-        timeout=timedelta(seconds=120),
+        "nccl" if gpu else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+        world_size=tp, timeout=timedelta(seconds=120),
     )  # fmt: skip
     try:
         set_parallel_state(ParallelState(rank, tp, dist.group.WORLD))
-        out = run_models(paths)
+        out = run_models(paths, device)
+        if gpu:
+            torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
+            return
         out["comm"] = {
             "min": all_reduce_min(10 + (rank + 1) % tp),
             "sum": all_reduce(torch.tensor([float(rank + 1)])).tolist(),
@@ -314,3 +323,28 @@ def test_collectives(ranks: tuple[int, list[dict[str, Any]]]) -> None:
     x = torch.ones(2, 3)
     assert all_reduce(x) is x and all_gather(x) is x and broadcast(x) is x
     assert all_reduce_min(5) == 5 and broadcast_object("a") == "a"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA devices"
+)
+def test_nccl_tp2_equals_tp1_with_cuda_graphs(models: dict[str, str | None]) -> None:
+    """The same parity over NCCL on two GPUs, decode steps replayed from CUDA graphs (which
+    capture the row-parallel all-reduces), fp32 so that TP=1 is the oracle."""
+    import torch.multiprocessing as mp
+
+    from server_process import free_port
+
+    paths = {"llama9": models["llama9"], "qwen2_moe": models["qwen2_moe"], "default": None}
+    ref = run_models(paths, "cuda:0")
+    torch.cuda.empty_cache()
+    with tempfile.TemporaryDirectory(prefix="radixlm-tp-out-") as out_dir:
+        mp.spawn(_rank_main, args=(2, free_port(), paths, out_dir, True), nprocs=2, join=True)
+        results = [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(2)]
+    for model in paths:
+        for res in results:
+            torch.testing.assert_close(
+                res[model]["logits"], ref[model]["logits"], rtol=1e-3, atol=1e-3
+            )
+            assert res[model]["tokens"] == ref[model]["tokens"], model
