@@ -90,13 +90,16 @@ def head_split(num_heads: int, num_kv_heads: int, tp: int, rank: int) -> HeadSpl
     # fewer KV heads than ranks: KV head k is held by the ranks even_range(tp, kv, k) covers
     kv = next(k for k in range(num_kv_heads) if rank < even_range(tp, num_kv_heads, k)[1])
     r0, r1 = even_range(tp, num_kv_heads, kv)
-    if r1 - r0 > group:
-        raise ValueError(
-            f"tensor parallelism over {tp} ranks: {r1 - r0} ranks share KV head {kv}, which "
-            f"has only {group} q heads"
-        )
+    # NOTE: r1 - r0 <= ceil(tp / kv) <= group, as tp <= num_heads: every rank gets a q head
     q0, q1 = even_range(group, r1 - r0, rank - r0)
     return HeadSplit(kv * group + q0, q1 - q0, kv, 1)
+
+
+def check_tp_size(config: ModelConfig, tp: int) -> None:
+    """Raise ValueError (naming the model's heads) unless every one of `tp` ranks gets a regular
+    share of the attention heads: for the launcher, before any rank starts."""
+    for rank in range(tp):
+        head_split(config.num_attention_heads, config.num_key_value_heads, tp, rank)
 
 
 def local_config(config: ModelConfig, state: ParallelState) -> ModelConfig:

@@ -31,7 +31,7 @@ from radixlm.runtime.distributed.comm import (
     broadcast,
     broadcast_object,
 )
-from radixlm.runtime.distributed.sharding import head_split, local_config
+from radixlm.runtime.distributed.sharding import check_tp_size, head_split, local_config
 from radixlm.runtime.distributed.state import ParallelState, parallel_state, set_parallel_state
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.executor.model_runner import ModelRunner
@@ -233,15 +233,11 @@ def ranks(request, models: dict[str, str | None]) -> tuple[int, list[dict[str, A
 # ---- the split itself (no processes) -----------------------------------------------------------
 def test_head_split_keeps_every_rank_a_regular_gqa_shard() -> None:
     """Every q head lands on exactly one rank, next to the KV head it reads, for the default
-    model's 9 / 3 heads at TP 2, 3, 4, 9 and a few other shapes."""
+    model's 9 / 3 heads and a few other shapes at every TP up to the number of heads."""
     for heads, kv in ((9, 3), (4, 2), (32, 8), (8, 1), (6, 6)):
         for tp in range(1, heads + 1):
             group = heads // kv
-            try:
-                splits = [head_split(heads, kv, tp, r) for r in range(tp)]
-            except ValueError:
-                assert tp > kv and -(-tp // kv) > group  # more ranks on a KV head than q heads
-                continue
+            splits = [head_split(heads, kv, tp, r) for r in range(tp)]
             covered = [h for s in splits for h in range(s.q_start, s.q_start + s.q_heads)]
             assert covered == list(range(heads)), (heads, kv, tp)
             for s in splits:
@@ -250,6 +246,14 @@ def test_head_split_keeps_every_rank_a_regular_gqa_shard() -> None:
                 for j in range(s.q_heads):  # local GQA: q head j reads local KV head j // group
                     assert (s.q_start + j) // group == s.kv_start + j // local_group
     assert [head_split(9, 3, 2, r) for r in range(2)] == [(0, 6, 0, 2), (6, 3, 2, 1)]
+
+
+def test_check_tp_size_names_the_heads() -> None:
+    cfg = resolve_model(None).config  # 9 heads, 3 KV heads
+    for tp in (1, 2, 3, 9):
+        check_tp_size(cfg, tp)
+    with pytest.raises(ValueError, match="9 attention heads"):
+        check_tp_size(cfg, 10)
 
 
 def test_local_config_shapes() -> None:
