@@ -31,7 +31,12 @@ from radixlm.runtime.distributed.comm import (
     broadcast,
     broadcast_object,
 )
-from radixlm.runtime.distributed.sharding import check_tp_size, head_split, local_config
+from radixlm.runtime.distributed.sharding import (
+    check_tp_size,
+    even_range,
+    head_split,
+    local_config,
+)
 from radixlm.runtime.distributed.state import ParallelState, parallel_state, set_parallel_state
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.executor.model_runner import ModelRunner
@@ -109,6 +114,16 @@ def run_models(paths: dict[str, str | None], device: str = "cpu") -> dict[str, A
     out: dict[str, Any] = {}
     for name, path in paths.items():
         runner = ModelRunner(_args(path, device), resolve_model(path))
+        if name.endswith("_fp8"):  # its weights as loaded (on CPU: de-quantised in place)
+            layer = runner.model.layers[0]
+            out[name] = {
+                part: getattr(mod, part.split("_", 1)[1]).weight.detach().clone()
+                for part, mod in (
+                    ("attn_qkv_proj", layer.self_attn), ("attn_o_proj", layer.self_attn),
+                    ("mlp_gate_up_proj", layer.mlp), ("mlp_down_proj", layer.mlp),
+                )
+            }  # fmt: skip
+            continue
         default = name == "default"
         prompts, steps = (DEFAULT_PROMPTS, DEFAULT_STEPS) if default else (PROMPTS, STEPS)
         out[name] = {
@@ -158,9 +173,12 @@ def _rank_main(
         dist.destroy_process_group()
 
 
-def _write_tiny_llama(path: str) -> None:
-    """A random Llama: 9 heads / 3 KV heads (the default model's), an untied head over 251 tokens."""
+def _write_tiny_llama(path: str, fp8: bool = False) -> None:
+    """A random Llama: 9 heads / 3 KV heads (the default model's), an untied head over 251 tokens;
+    `fp8`: its projections as an FP8 checkpoint (one scale per row, k_proj's per tensor)."""
     from safetensors.torch import save_file
+
+    from radixlm.runtime.models.fp8 import quantize_weight_fp8
 
     cfg = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 251,
@@ -190,6 +208,14 @@ def _write_tiny_llama(path: str) -> None:
             tensors[p + name + ".weight"] = w(*shape)
         tensors[p + "input_layernorm.weight"] = norm(h)
         tensors[p + "post_attention_layernorm.weight"] = norm(h)
+    if fp8:
+        cfg["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+        for name in [n for n in tensors if n.endswith("_proj.weight")]:
+            q, scale = quantize_weight_fp8(tensors[name])
+            if ".k_proj." in name:  # per tensor
+                scale = scale.max()
+                q = (tensors[name] / scale).to(torch.float8_e4m3fn)
+            tensors[name], tensors[name + "_scale"] = q, scale[..., None]
     os.makedirs(path, exist_ok=True)
     save_file(tensors, os.path.join(path, "model.safetensors"))
     with open(os.path.join(path, "config.json"), "w") as f:
@@ -203,6 +229,8 @@ def models() -> dict[str, str | None]:
     root = tempfile.mkdtemp(prefix="radixlm-tp-")
     paths: dict[str, str | None] = {"llama9": os.path.join(root, "llama9")}
     _write_tiny_llama(paths["llama9"])
+    paths["llama9_fp8"] = os.path.join(root, "llama9_fp8")
+    _write_tiny_llama(paths["llama9_fp8"], fp8=True)
     for name in TINY_ARCHS:
         paths[name] = os.path.join(root, name)
         save_tiny(name, paths[name])
@@ -352,3 +380,31 @@ def test_nccl_tp2_equals_tp1_with_cuda_graphs(models: dict[str, str | None]) -> 
                 res[model]["logits"], ref[model]["logits"], rtol=1e-3, atol=1e-3
             )
             assert res[model]["tokens"] == ref[model]["tokens"], model
+
+
+def test_fp8_checkpoint_scales_follow_their_rows(
+    ranks: tuple[int, list[dict[str, Any]]], reference: dict[str, Any]
+) -> None:
+    """An FP8 checkpoint at TP > 1: per-row scales are cut with the rows of column-parallel
+    weights (q/k/v, gate/up), kept whole for row-parallel ones (o, down: their rows are not
+    split), a per-tensor scale is shared; each rank's de-quantised weights are exactly its slice
+    of TP=1's."""
+    tp, results = ranks
+    ref = reference["llama9_fp8"]
+    d, inter, q_size, kv_size = 16, 96, 144, 48
+    for rank, res in enumerate(results):
+        heads = head_split(9, 3, tp, rank)
+        q = slice(heads.q_start * d, (heads.q_start + heads.q_heads) * d)
+        kv = slice(heads.kv_start * d, (heads.kv_start + heads.kv_heads) * d)
+        a, b = even_range(inter, tp, rank)
+        qkv = ref["attn_qkv_proj"]
+        want = {
+            "attn_qkv_proj": torch.cat([qkv[q], qkv[q_size:][kv], qkv[q_size + kv_size :][kv]]),
+            "attn_o_proj": ref["attn_o_proj"][:, q],
+            "mlp_gate_up_proj": torch.cat(
+                [ref["mlp_gate_up_proj"][a:b], ref["mlp_gate_up_proj"][inter + a : inter + b]]
+            ),
+            "mlp_down_proj": ref["mlp_down_proj"][:, a:b],
+        }
+        for part, w in want.items():
+            assert torch.equal(res["llama9_fp8"][part], w), (tp, rank, part)
