@@ -6,6 +6,13 @@ states of the batch's `logits_indices` rows (`forward`), then float32 logits of 
 samples (`compute_logits`); decode batches assemble their inputs in `decode_input_buffer`. The
 scheduler reaches the model's tensors only through these calls. One runner per scheduler process;
 not thread-safe.
+
+Tensor parallelism (`runtime/distributed/`, the rank's `ParallelState` set before the runner is
+built): the runner holds this rank's shard (`local_config`: its heads, its KV pool) and its
+construction, `forward` and `compute_logits` are collectives: every rank of the group builds its
+runner at the same time and then makes the same calls, in the same order, with the same batch
+(and the same `req_to_token` rows); `compute_logits` returns the full-vocabulary logits on every
+rank.
 """
 
 from __future__ import annotations
