@@ -102,9 +102,9 @@ def _yielded_numel(path: str, load_format: str) -> int:
     return sum(t.numel() for _, t in source.iter_weights(torch.device("cpu"), torch.float32))
 
 
-def _args(path: str | None, device: str) -> ServerArgs:
+def _args(path: str | None, device: str, dtype: str = "float32") -> ServerArgs:
     return ServerArgs(
-        model_path=path, dtype="float32", device=device, max_total_tokens=256,
+        model_path=path, dtype=dtype, device=device, max_total_tokens=256,
         max_running_requests=4, num_threads=1, cuda_graph_max_bs=4,
     )  # fmt: skip
 
@@ -113,7 +113,8 @@ def run_models(paths: dict[str, str | None], device: str = "cpu") -> dict[str, A
     """Every check's numbers in this process (TP=1, or one rank of a group) on `device`."""
     out: dict[str, Any] = {}
     for name, path in paths.items():
-        runner = ModelRunner(_args(path, device), resolve_model(path))
+        dtype = "bfloat16" if name.endswith("_bf16") else "float32"  # bf16: GPU only
+        runner = ModelRunner(_args(path, device, dtype), resolve_model(path))
         if name.endswith("_fp8"):  # its weights as loaded (on CPU: de-quantised in place)
             layer = runner.model.layers[0]
             out[name] = {
@@ -124,7 +125,7 @@ def run_models(paths: dict[str, str | None], device: str = "cpu") -> dict[str, A
                 )
             }  # fmt: skip
             continue
-        default = name == "default"
+        default = name.startswith("default")
         prompts, steps = (DEFAULT_PROMPTS, DEFAULT_STEPS) if default else (PROMPTS, STEPS)
         out[name] = {
             **greedy(runner, prompts, steps),
@@ -369,6 +370,7 @@ def test_nccl_tp2_equals_tp1_with_cuda_graphs(models: dict[str, str | None]) -> 
     from server_process import free_port
 
     paths = {"llama9": models["llama9"], "qwen2_moe": models["qwen2_moe"], "default": None}
+    paths["default_bf16"] = None  # the GPU default dtype: decode GEMMs chosen per rank too
     ref = run_models(paths, "cuda:0")
     torch.cuda.empty_cache()
     with tempfile.TemporaryDirectory(prefix="radixlm-tp-out-") as out_dir:
@@ -376,9 +378,14 @@ def test_nccl_tp2_equals_tp1_with_cuda_graphs(models: dict[str, str | None]) -> 
         results = [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(2)]
     for model in paths:
         for res in results:
-            torch.testing.assert_close(
-                res[model]["logits"], ref[model]["logits"], rtol=1e-3, atol=1e-3
-            )
+            got, want = res[model]["logits"], ref[model]["logits"]
+            if model.endswith("_bf16"):  # other sums in bf16: the prefill's logits close, its
+                # tokens equal (later steps may diverge on a near tie)
+                cos = torch.nn.functional.cosine_similarity(got[0], want[0])
+                assert cos.min() > 0.995, cos
+                assert res[model]["tokens"][0] == ref[model]["tokens"][0]
+                continue
+            torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
             assert res[model]["tokens"] == ref[model]["tokens"], model
 
 
