@@ -57,8 +57,9 @@ class ParallelLMHead(Linear):
 
     def __init__(self, hidden: int, vocab: int) -> None:
         state = parallel_state()
-        self.vocab_start, end = vocab_range(vocab, state.tp_size, state.tp_rank)
-        super().__init__(hidden, end - self.vocab_start, bias=False)
+        start, end = vocab_range(vocab, state.tp_size, state.tp_rank)
+        super().__init__(hidden, end - start, bias=False)
+        self.vocab_start = start
         self.sizes = vocab_sizes(vocab, state.tp_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
