@@ -6,6 +6,13 @@ states of the batch's `logits_indices` rows (`forward`), then float32 logits of 
 samples (`compute_logits`); decode batches assemble their inputs in `decode_input_buffer`. The
 scheduler reaches the model's tensors only through these calls. One runner per scheduler process;
 not thread-safe.
+
+Tensor parallelism (`runtime/distributed/`, the rank's `ParallelState` set before the runner is
+built): the runner holds this rank's shard (`local_config`: its heads, its KV pool) and its
+construction, `forward` and `compute_logits` are collectives: every rank of the group builds its
+runner at the same time and then makes the same calls, in the same order, with the same batch
+(and the same `req_to_token` rows); `compute_logits` returns the full-vocabulary logits on every
+rank.
 """
 
 from __future__ import annotations
@@ -19,6 +26,9 @@ import torch
 from radixlm.kernels.decode_inputs import DECODE_INPUT_ROWS
 from radixlm.runtime.attention.base import AttentionBackend, layer_attention
 from radixlm.runtime.attention.registry import ATTENTION_BACKENDS
+from radixlm.runtime.distributed.comm import all_reduce_min
+from radixlm.runtime.distributed.sharding import local_config
+from radixlm.runtime.distributed.state import parallel_state
 from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.mem.kv_pool import KVPool, ReqToTokenPool
@@ -97,6 +107,9 @@ class ModelRunner:
     def __init__(self, args: ServerArgs, source: ModelSource) -> None:
         self.args = args = args.resolved()  # NOTE: a no-op in a child (launch resolved them)
         self.config = source.config
+        # NOTE: at TP > 1 this rank's model, KV pool and attention have its own head counts and
+        # intermediate sizes (runtime/distributed/sharding.py); `config` stays the full model's.
+        self.local_config = local_config(source.config, parallel_state())
         self.device = resolve_device(args.device)
         self.dtype = resolve_dtype(args.dtype, self.device, self.config.torch_dtype)
         if self.device.type == "cpu":
@@ -137,7 +150,7 @@ class ModelRunner:
         fused = self.device.type == "cuda" and self.args.attention_backend != "torch"
         model_cls = model_class(self.config.architecture)  # the registry (registry.py)
         with _default_dtype(self.dtype), torch.device(self.device):
-            model = model_cls(self.config, self.context_len, self.device, fused_ops=fused)
+            model = model_cls(self.local_config, self.context_len, self.device, fused_ops=fused)
         model.load_weights(
             (name, self._to_model(name, t))
             for name, t in source.iter_weights(self.device, self.dtype)
@@ -187,7 +200,7 @@ class ModelRunner:
         return t.to(device=self.device, dtype=self.dtype)
 
     def _init_memory(self) -> tuple[KVPool, ReqToTokenPool]:
-        cfg = self.config
+        cfg = self.local_config  # this rank's KV heads
         self.kv_dtype = resolve_kv_cache_dtype(self.args.kv_cache_dtype, self.dtype)
         per_token = KVPool.bytes_per_token(
             cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, self.kv_dtype
@@ -204,6 +217,9 @@ class ModelRunner:
         else:
             ram_cap = int(psutil.virtual_memory().total * 0.25 // per_token)
             tokens = min(CPU_DEFAULT_KV_TOKENS, ram_cap)
+        # NOTE: every rank holds the same number of KV slots (rank 0's scheduler allocates them
+        # for all): the smallest any rank can hold (its KV heads may differ, sharding.py).
+        tokens = all_reduce_min(tokens)
         if tokens < 64:
             raise MemoryError(f"only {tokens} KV tokens fit; lower the model size or raise memory")
         self.max_running = max(1, min(self.args.max_running_requests, tokens // 2))
@@ -238,7 +254,7 @@ class ModelRunner:
         return kv, req_to_token
 
     def _make_attention_backend(self) -> AttentionBackend:
-        cfg = self.config
+        cfg = self.local_config
         shape = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
         cls = ATTENTION_BACKENDS.load(self.args.attention_backend)
         backend: AttentionBackend = cls(self.kv_pool, self.req_to_token, *shape)

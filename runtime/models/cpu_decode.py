@@ -15,6 +15,10 @@ Mistral without a window, Qwen2 with its qkv bias, SmolLM; silu MLP), the torch 
 with its C++ decode attention, no sliding window or soft cap, an fp32/fp16/bf16 KV pool, every
 linear with a `CpuLinear` / `StackedCpuLinear` (no FP8 layer), and batches of <= `MAX_BATCH`
 requests (larger ones are GEMM-shaped: torch's kernels take them).
+
+# NOTE: at tensor parallelism > 1 it is never attached (cpu_linear.setup_cpu_model): the C++ step
+# runs all layers in one call and cannot all-reduce after o_proj / down_proj inside it, so the
+# layer-by-layer path (with its row-parallel all-reduces) runs the decode step there.
 """
 
 from __future__ import annotations

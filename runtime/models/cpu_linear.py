@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.kernels.cpu import linear as cl
+from radixlm.runtime.distributed.state import parallel_state
 
 if TYPE_CHECKING:
     from radixlm.runtime.models.gguf_file import GGUFFile
@@ -189,12 +190,17 @@ def setup_cpu_model(
     GGUF file's blocks (`quantization="gguf"`). A tied LM head gets the token embedding's blocks
     where those are of a type of `cl.BLOCK_BYTES`, else the dense embedding matrix."""
     cfg = model.config
-    source = gguf if quantize else None
+    # NOTE: at TP > 1 a rank's layers hold slices of the checkpoint's tensors, de-quantised at
+    # load (a row-parallel slice of GGUF blocks would cut them mid-block): dense kernels only, the
+    # tied LM head is the model's own (it all-gathers the vocabulary), and there is no one-call
+    # decode step (kernels/cpu/decode.cpp cannot all-reduce inside: the layer path runs).
+    tp = parallel_state().is_parallel
+    source = gguf if quantize and not tp else None
     layers = attach_cpu_linears(
         model, linear_cls, source, (cfg.num_attention_heads, cfg.num_key_value_heads)
     )
     head = None
-    if getattr(model, "lm_head", None) is None and hasattr(model, "embed_tokens"):
+    if not tp and getattr(model, "lm_head", None) is None and hasattr(model, "embed_tokens"):
         emb = model.embed_tokens.weight.data
         t = None if source is None else source.tensors.get("token_embd.weight")
         if t is not None and t.ggml_type in cl.BLOCK_BYTES and cl.available():
@@ -204,7 +210,7 @@ def setup_cpu_model(
         else:
             head = CpuLinear(emb.contiguous())
     mode = "+".join(sorted(layers, key=lambda m: (-layers[m], m)))  # most layers first
-    if cl.available() and hasattr(model, "cpu_decode"):
+    if cl.available() and hasattr(model, "cpu_decode") and not tp:
         from radixlm.runtime.models.cpu_decode import CpuDecode
 
         model.cpu_decode = CpuDecode(model)  # NOTE: decides on first use (needs the KV pool)

@@ -15,13 +15,13 @@ from radixlm.runtime.attention.base import AttentionBackend
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.models.config import ModelConfig
 from radixlm.runtime.models.llama import (
-    Embedding,
-    Linear,
     LlamaAttention,
     LlamaDecoderLayer,
     LlamaForCausalLM,
     LlamaMLP,
     RMSNorm,
+    make_embedding,
+    make_lm_head,
 )
 from radixlm.runtime.models.rotary import RotaryEmbedding
 
@@ -98,11 +98,7 @@ class DecoderForCausalLM(LlamaForCausalLM):
             ]
         )
         self.norm = self.make_norm(config, fused_ops)
-        self.lm_head = (
-            None
-            if config.tie_word_embeddings
-            else Linear(config.hidden_size, config.vocab_size, bias=False)
-        )
+        self.lm_head = make_lm_head(config)
         self.kv_scales: dict[int, list[float]] = {}
 
     def make_rotary(
@@ -111,7 +107,7 @@ class DecoderForCausalLM(LlamaForCausalLM):
         return RotaryEmbedding(config, max_positions, device, fused)
 
     def make_embedding(self, config: ModelConfig) -> nn.Module:
-        return Embedding(config.vocab_size, config.hidden_size)
+        return make_embedding(config)
 
     def make_norm(self, config: ModelConfig, fused: bool) -> nn.Module:
         return RMSNorm(config.hidden_size, config.rms_norm_eps, fused)

@@ -92,7 +92,10 @@ def _layer_ms(layers: list[torch.nn.Module], x: torch.Tensor, cfg: dict[str, Any
     """Time of every layer's forward on x with the GEMV config `cfg` (None: cuBLAS)."""
     for layer in layers:
         layer.small_m_cfg = [cfg] * len(BUCKETS)
-    return graph_time_ms([functools.partial(layer, x) for layer in layers], x.device)
+    # NOTE: a tensor-parallel layer is timed without its collective (`local_forward`): ranks
+    # time different layer groups (uneven head splits), so none may wait on another here.
+    calls = [functools.partial(getattr(layer, "local_forward", layer), x) for layer in layers]
+    return graph_time_ms(calls, x.device)
 
 
 def _choose(

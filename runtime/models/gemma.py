@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.runtime.attention.base import AttentionBackend
+from radixlm.runtime.distributed.layers import VocabParallelEmbedding, row_linear, tp_active
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.models.config import ModelConfig
 from radixlm.runtime.models.decoder import DecoderForCausalLM, QKNormAttention
@@ -64,7 +65,7 @@ class GemmaMLP(nn.Module):
             raise UnsupportedModelError(f"Gemma activation {config.hidden_act!r}")
         inter = config.intermediate_size
         self.gate_up_proj = Linear(config.hidden_size, 2 * inter)  # [gate; up] rows
-        self.down_proj = Linear(inter, config.hidden_size)
+        self.down_proj = row_linear(inter, config.hidden_size)  # all-reduced at TP > 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -112,6 +113,8 @@ class GemmaForCausalLM(DecoderForCausalLM):
     """Gemma 2 (`Gemma2ForCausalLM`) and Gemma 3 text (`Gemma3ForCausalLM`)."""
 
     def make_embedding(self, config: ModelConfig) -> nn.Module:
+        if tp_active():  # vocabulary rows split over the ranks, scaled after the all-reduce
+            return VocabParallelEmbedding(config.vocab_size, config.hidden_size, scale=True)
         return GemmaEmbedding(config.vocab_size, config.hidden_size)
 
     def make_norm(self, config: ModelConfig, fused: bool) -> nn.Module:

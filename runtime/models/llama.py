@@ -14,6 +14,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.runtime.attention.base import AttentionBackend
+from radixlm.runtime.distributed.layers import (
+    ParallelLMHead,
+    VocabParallelEmbedding,
+    row_linear,
+    tp_active,
+)
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.models.config import ModelConfig
 from radixlm.runtime.models.linear import Linear
@@ -64,6 +70,22 @@ class Embedding(nn.Module):
         return F.embedding(ids, self.weight)
 
 
+def make_embedding(config: ModelConfig) -> nn.Module:
+    """The token embedding: vocabulary rows split over the ranks at TP > 1."""
+    if tp_active():
+        return VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+    return Embedding(config.vocab_size, config.hidden_size)
+
+
+def make_lm_head(config: ModelConfig) -> Linear | None:
+    """The untied LM head (None when tied): vocabulary rows split at TP > 1, logits gathered."""
+    if config.tie_word_embeddings:
+        return None
+    if tp_active():
+        return ParallelLMHead(config.hidden_size, config.vocab_size)
+    return Linear(config.hidden_size, config.vocab_size, bias=False)
+
+
 class LlamaAttention(nn.Module):
     def __init__(self, config: ModelConfig, layer_id: int) -> None:
         super().__init__()
@@ -75,7 +97,7 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = Linear(
             config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
         )
-        self.o_proj = Linear(self.q_size, config.hidden_size, bias=False)
+        self.o_proj = row_linear(self.q_size, config.hidden_size)  # all-reduced at TP > 1
 
     def forward(
         self,
@@ -104,11 +126,14 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: ModelConfig, fused: bool) -> None:
+    """`reduce=False` (TP > 1): the output is this rank's partial sum, left to the caller to
+    all-reduce (a shared expert added to routed experts first, qwen2_moe.py)."""
+
+    def __init__(self, config: ModelConfig, fused: bool, reduce: bool = True) -> None:
         super().__init__()
         inter = config.intermediate_size
         self.gate_up_proj = Linear(config.hidden_size, inter, gated_output=True, fused=fused)
-        self.down_proj = Linear(inter, config.hidden_size)
+        self.down_proj = row_linear(inter, config.hidden_size, reduce)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.gate_up_proj(x))
@@ -160,16 +185,12 @@ class LlamaForCausalLM(nn.Module):
         only)."""
         super().__init__()
         self.config = config
-        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = make_embedding(config)
         self.layers = nn.ModuleList(
             [LlamaDecoderLayer(config, i, fused_ops) for i in range(config.num_hidden_layers)]
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused_ops)
-        self.lm_head = (
-            None
-            if config.tie_word_embeddings
-            else Linear(config.hidden_size, config.vocab_size, bias=False)
-        )
+        self.lm_head = make_lm_head(config)
         self.rotary = RotaryEmbedding(config, max_positions, device, fused_ops)
         self.kv_scales: dict[int, list[float]] = {}  # layer -> [k_scale, v_scale] (checkpoint)
 
@@ -214,6 +235,10 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head is not None:
             return self.lm_head(hidden).float()
+        if isinstance(self.embed_tokens, VocabParallelEmbedding):  # TP > 1: tied, sharded
+            return self.embed_tokens.gather_logits(
+                F.linear(hidden, self.embed_tokens.weight)
+            ).float()
         return F.linear(hidden, self.embed_tokens.weight).float()
 
     # ---- weights -------------------------------------------------------------------------------

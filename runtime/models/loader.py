@@ -4,14 +4,18 @@ random `dummy` weights of a config's shapes. Every source yields (HF-name, tenso
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from radixlm.runtime.distributed.sharding import Shard, checkpoint_shard
+from radixlm.runtime.distributed.state import parallel_state
 from radixlm.runtime.models.config import ModelConfig
 from radixlm.runtime.models.default_model import ModelNotFoundError, default_model_path
 from radixlm.runtime.models.gguf_file import GGUFFile, unpermute_rows
@@ -29,13 +33,22 @@ class ModelSource:
     def iter_weights(
         self, device: torch.device, dtype: torch.dtype
     ) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, tensor) pairs; at TP > 1 (`parallel_state()`) each tensor is this rank's
+        piece only (`sharding.checkpoint_shard`): safetensors read just those rows/columns
+        (`get_slice`), dummy weights are generated at the piece's shape, and a GGUF tensor is
+        de-quantised alone, cut, and dropped before the next one (never the whole model)."""
+        state = parallel_state()
+        shard = None
+        if state.is_parallel:
+            shard = functools.partial(checkpoint_shard, config=self.config, state=state)
         if self.load_format == "gguf":
             assert self.gguf is not None
-            yield from _iter_gguf(self.gguf, self.config)
+            tensors = _iter_gguf(self.gguf, self.config)
+            yield from tensors if shard is None else _cut(tensors, shard)
         elif self.load_format == "safetensors":
-            yield from _iter_safetensors(self.path)
+            yield from _iter_safetensors(self.path, shard)
         else:
-            yield from _iter_dummy(self.config, device, dtype)
+            yield from _iter_dummy(self.config, device, dtype, shard)
 
 
 def resolve_model(model_path: str | None, load_format: str = "auto") -> ModelSource:
@@ -150,8 +163,28 @@ def _iter_gguf(gguf: GGUFFile, cfg: ModelConfig) -> Iterator[tuple[str, torch.Te
             raise KeyError(f"unexpected GGUF tensor {name!r}")
 
 
+# ---- tensor-parallel pieces ----------------------------------------------------------------------
+ShardOf = Callable[[str, tuple[int, ...]], "Shard | None"]
+
+
+def _cut(
+    tensors: Iterable[tuple[str, torch.Tensor]], shard: ShardOf
+) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, t in tensors:
+        piece = shard(name, tuple(t.shape))
+        yield name, t if piece is None else piece.take(t)
+
+
+def _read_piece(sl: Any, piece: Shard) -> torch.Tensor:
+    """The rows/columns of a safetensors slice that `piece` names, read from the file alone."""
+    parts = [sl[a:b] if piece.dim == 0 else sl[:, a:b] for a, b in piece.ranges]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, piece.dim)
+
+
 # ---- safetensors / dummy -------------------------------------------------------------------------
-def _iter_safetensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
+def _iter_safetensors(
+    path: str, shard: ShardOf | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     from safetensors import safe_open
 
     index = os.path.join(path, "model.safetensors.index.json")
@@ -163,68 +196,87 @@ def _iter_safetensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
     for file in files:
         with safe_open(os.path.join(path, file), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                yield name, f.get_tensor(name)
+                if shard is None:
+                    yield name, f.get_tensor(name)
+                    continue
+                sl = f.get_slice(name)
+                piece = shard(name, tuple(sl.get_shape()))
+                yield name, f.get_tensor(name) if piece is None else _read_piece(sl, piece)
 
 
 def _iter_dummy(
-    cfg: ModelConfig, device: torch.device, dtype: torch.dtype
+    cfg: ModelConfig, device: torch.device, dtype: torch.dtype, shard: ShardOf | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Random weights of the config's shapes under its checkpoint names, generated on the target
-    device (seeded). Norm weights are the identity: ones, zeros for Gemma's `(1 + w)` norms."""
+    device (seeded); with `shard` (TP > 1) at the shape of this rank's piece only. Norm weights
+    are the identity: ones, zeros for Gemma's `(1 + w)` norms."""
     gen = torch.Generator(device=device).manual_seed(0)
+    gemma = cfg.model_type.startswith("gemma")
+    for name, shape, scale in _dummy_shapes(cfg):
+        piece = None if shard is None else shard(name, shape)
+        if piece is not None:
+            shape = piece.shape(shape)
+        if scale is None:  # a norm
+            yield name, (torch.zeros if gemma else torch.ones)(shape, device=device, dtype=dtype)
+        else:
+            t = torch.empty(shape, device=device, dtype=torch.float32)
+            yield name, t.uniform_(-scale, scale, generator=gen).to(dtype)
+
+
+def _dummy_shapes(cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...], float | None]]:
+    """(checkpoint name, full shape, uniform range or None for a norm) of every dummy tensor."""
     h, i = cfg.hidden_size, cfg.intermediate_size
     mt = cfg.model_type
     gemma = mt.startswith("gemma")
 
-    def rand(*shape: int, scale: float = 0.02) -> torch.Tensor:
-        t = torch.empty(shape, device=device, dtype=torch.float32)
-        return t.uniform_(-scale, scale, generator=gen).to(dtype)
+    def rand(*shape: int, scale: float = 0.02) -> tuple[tuple[int, ...], float]:
+        return shape, scale
 
-    def norm(size: int) -> torch.Tensor:
-        return (torch.zeros if gemma else torch.ones)(size, device=device, dtype=dtype)
+    def norm(size: int) -> tuple[tuple[int, ...], None]:
+        return (size,), None
 
     norms = ["input_layernorm", "post_attention_layernorm"]
     if gemma:
         norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
-    yield "model.embed_tokens.weight", rand(cfg.vocab_size, h, scale=1.0)
+    yield "model.embed_tokens.weight", *rand(cfg.vocab_size, h, scale=1.0)
     for layer in range(cfg.num_hidden_layers):
         p = f"model.layers.{layer}."
         if mt == "phi3":  # fused in the checkpoint
-            yield p + "self_attn.qkv_proj.weight", rand(cfg.q_size + 2 * cfg.kv_size, h)
+            yield p + "self_attn.qkv_proj.weight", *rand(cfg.q_size + 2 * cfg.kv_size, h)
         else:
-            yield p + "self_attn.q_proj.weight", rand(cfg.q_size, h)
-            yield p + "self_attn.k_proj.weight", rand(cfg.kv_size, h)
-            yield p + "self_attn.v_proj.weight", rand(cfg.kv_size, h)
+            yield p + "self_attn.q_proj.weight", *rand(cfg.q_size, h)
+            yield p + "self_attn.k_proj.weight", *rand(cfg.kv_size, h)
+            yield p + "self_attn.v_proj.weight", *rand(cfg.kv_size, h)
         if cfg.attention_bias:
-            yield p + "self_attn.q_proj.bias", rand(cfg.q_size)
-            yield p + "self_attn.k_proj.bias", rand(cfg.kv_size)
-            yield p + "self_attn.v_proj.bias", rand(cfg.kv_size)
+            yield p + "self_attn.q_proj.bias", *rand(cfg.q_size)
+            yield p + "self_attn.k_proj.bias", *rand(cfg.kv_size)
+            yield p + "self_attn.v_proj.bias", *rand(cfg.kv_size)
         if mt in ("qwen3", "qwen3_moe", "gemma3_text", "gemma3"):  # qk-norm
-            yield p + "self_attn.q_norm.weight", norm(cfg.head_dim)
-            yield p + "self_attn.k_norm.weight", norm(cfg.head_dim)
-        yield p + "self_attn.o_proj.weight", rand(h, cfg.q_size)
+            yield p + "self_attn.q_norm.weight", *norm(cfg.head_dim)
+            yield p + "self_attn.k_norm.weight", *norm(cfg.head_dim)
+        yield p + "self_attn.o_proj.weight", *rand(h, cfg.q_size)
         if cfg.num_experts and cfg.moe_layers[layer]:
             e_i = cfg.moe_intermediate_size
-            yield p + "mlp.gate.weight", rand(cfg.num_experts, h)
+            yield p + "mlp.gate.weight", *rand(cfg.num_experts, h)
             for e in range(cfg.num_experts):
-                yield p + f"mlp.experts.{e}.gate_proj.weight", rand(e_i, h)
-                yield p + f"mlp.experts.{e}.up_proj.weight", rand(e_i, h)
-                yield p + f"mlp.experts.{e}.down_proj.weight", rand(h, e_i)
+                yield p + f"mlp.experts.{e}.gate_proj.weight", *rand(e_i, h)
+                yield p + f"mlp.experts.{e}.up_proj.weight", *rand(e_i, h)
+                yield p + f"mlp.experts.{e}.down_proj.weight", *rand(h, e_i)
             if cfg.shared_expert_intermediate_size:  # Qwen2-MoE
                 s_i = cfg.shared_expert_intermediate_size
-                yield p + "mlp.shared_expert.gate_proj.weight", rand(s_i, h)
-                yield p + "mlp.shared_expert.up_proj.weight", rand(s_i, h)
-                yield p + "mlp.shared_expert.down_proj.weight", rand(h, s_i)
-                yield p + "mlp.shared_expert_gate.weight", rand(1, h)
+                yield p + "mlp.shared_expert.gate_proj.weight", *rand(s_i, h)
+                yield p + "mlp.shared_expert.up_proj.weight", *rand(s_i, h)
+                yield p + "mlp.shared_expert.down_proj.weight", *rand(h, s_i)
+                yield p + "mlp.shared_expert_gate.weight", *rand(1, h)
         elif mt == "phi3":
-            yield p + "mlp.gate_up_proj.weight", rand(2 * i, h)
-            yield p + "mlp.down_proj.weight", rand(h, i)
+            yield p + "mlp.gate_up_proj.weight", *rand(2 * i, h)
+            yield p + "mlp.down_proj.weight", *rand(h, i)
         else:
-            yield p + "mlp.gate_proj.weight", rand(i, h)
-            yield p + "mlp.up_proj.weight", rand(i, h)
-            yield p + "mlp.down_proj.weight", rand(h, i)
+            yield p + "mlp.gate_proj.weight", *rand(i, h)
+            yield p + "mlp.up_proj.weight", *rand(i, h)
+            yield p + "mlp.down_proj.weight", *rand(h, i)
         for name in norms:
-            yield p + f"{name}.weight", norm(h)
-    yield "model.norm.weight", norm(h)
+            yield p + f"{name}.weight", *norm(h)
+    yield "model.norm.weight", *norm(h)
     if not cfg.tie_word_embeddings:
-        yield "lm_head.weight", rand(cfg.vocab_size, h)
+        yield "lm_head.weight", *rand(cfg.vocab_size, h)

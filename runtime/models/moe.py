@@ -1,6 +1,10 @@
 """Mixture-of-experts MLP (Qwen3-MoE, Mixtral): a softmax router picks the top-k experts of each
 token, each expert is a gated MLP, their outputs are summed with the routing weights.
 
+Tensor parallelism: every rank holds every expert, each cut along its intermediate size (the
+local config's `moe_intermediate_size`; gate/up rows and down columns, sharding.py), and the
+router whole; the block's output is all-reduced once.
+
 Storage: all experts' gate/up rows stacked in one matrix `w13` `[E * 2I, H]` (expert e's gate at
 rows `e*2I`, its up at `e*2I + I`) and their down projections in `w2` `[E * H, I]`, so the loader
 fills row ranges (weights.py) and the kernels see `[E, 2I, H]` / `[E, H, I]` views.
@@ -17,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.runtime.distributed.comm import all_reduce
+from radixlm.runtime.distributed.layers import tp_active
 from radixlm.runtime.models.config import ModelConfig
 from radixlm.runtime.models.llama import Linear
 
@@ -69,8 +75,16 @@ class SparseMoE(nn.Module):
         # (max tokens, Triton launch config) by batch bucket, timed at start-up on GPU
         # (`select_moe_kernel_configs`); None: `kernels.fused_moe.moe_config`'s defaults
         self.kernel_cfgs: list[tuple[int, Any]] | None = None
+        self.tp = tp_active()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.routed(x)
+        # NOTE: at TP > 1 each rank holds every expert's slice of the intermediate size: its
+        # output is a partial sum, all-reduced once here (a no-op at TP=1).
+        return all_reduce(out) if self.tp else out
+
+    def routed(self, x: torch.Tensor) -> torch.Tensor:
+        """The routed experts' output; this rank's partial sum at TP > 1."""
         weights, ids = route(self.gate(x), self.top_k, self.renormalize, x.dtype)
         w13 = self.w13.view(self.num_experts, 2 * self.inter, self.hidden)
         w2 = self.w2.view(self.num_experts, self.hidden, self.inter)

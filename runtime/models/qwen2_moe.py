@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.runtime.distributed.comm import all_reduce
 from radixlm.runtime.models.config import ModelConfig
 from radixlm.runtime.models.decoder import DecoderForCausalLM, DecoderLayer
 from radixlm.runtime.models.llama import LlamaAttention, LlamaMLP
@@ -54,13 +55,15 @@ class SharedExpertMoE(SparseMoE):
         shared = dataclasses.replace(
             config, intermediate_size=config.shared_expert_intermediate_size
         )
-        self.shared_expert = LlamaMLP(shared, fused)
+        # NOTE: TP > 1: the shared expert's partial sum joins the routed one, one all-reduce
+        self.shared_expert = LlamaMLP(shared, fused, reduce=False)
         self.shared_expert_gate = GateVector(config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        routed = super().forward(x)
+        routed = self.routed(x)
         shared = self.shared_expert(x)
-        return routed + torch.sigmoid(self.shared_expert_gate(x)) * shared
+        out = routed + torch.sigmoid(self.shared_expert_gate(x)) * shared
+        return all_reduce(out) if self.tp else out
 
 
 class Qwen2MoeForCausalLM(DecoderForCausalLM):
