@@ -66,11 +66,11 @@ from radixlm.kernels.decode_merge import (
     split_span,
 )
 from radixlm.kernels.decode_workspace import (
-    MAX_KV_SPLITS,
     alloc_decode_workspace,
+    check_split_inputs,
     choose_num_kv_splits,
 )
-from radixlm.kernels.store_kv import check_kv_scales, is_fp8
+from radixlm.kernels.store_kv import is_fp8
 
 _LOG2E = 1.4426950408889634
 
@@ -307,21 +307,8 @@ def decode_attention_fwd(
     require_triton()
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_buffer.shape[1]
-    assert num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads"
-    assert k_buffer.shape[2] == head_dim and v_buffer.shape == k_buffer.shape
-    assert k_buffer.dtype == v_buffer.dtype
-    assert q.dtype == k_buffer.dtype or is_fp8(k_buffer.dtype), "pool: q's dtype or fp8"
-    check_kv_scales(k_buffer.dtype, k_scale, v_scale)
-    assert out.shape == q.shape and out.stride(2) == 1
+    check_split_inputs(q, k_buffer, v_buffer, out, mid_o, mid_lse, req_to_token, k_scale, v_scale)
     num_splits = mid_o.shape[2]
-    assert 1 <= num_splits <= MAX_KV_SPLITS
-    assert mid_o.shape[0] >= batch and mid_o.shape[1] == num_heads and mid_o.shape[3] == head_dim
-    assert mid_lse.shape[0] >= batch and mid_lse.shape[1:] == (num_heads, num_splits)
-    assert mid_o.dtype == mid_lse.dtype == torch.float32
-    assert mid_o.stride(3) == 1 and mid_lse.stride(2) == 1
-    for t in (q, k_buffer, v_buffer):
-        assert t.stride(2) == 1, "last dim must be contiguous"
-    assert req_to_token.stride(1) == 1
     if batch == 0:
         return out
     group = num_heads // num_kv_heads

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from radixlm.kernels._triton import cdiv
+from radixlm.kernels.store_kv import check_kv_scales, is_fp8
 
 MAX_KV_SPLITS = 256  # largest split dim the kernels accept
 
@@ -81,3 +82,34 @@ def alloc_decode_workspace(
     mid_o = buffer[:n_o].view(batch_size, num_heads, max_kv_splits, head_dim)
     mid_lse = buffer[n_o : n_o + n_lse].view(batch_size, num_heads, max_kv_splits)
     return mid_o, mid_lse
+
+
+def check_split_inputs(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    out: torch.Tensor,
+    mid_o: torch.Tensor,
+    mid_lse: torch.Tensor,
+    req_to_token: torch.Tensor,
+    k_scale: float,
+    v_scale: float,
+) -> None:
+    """The layout checks shared by the split-K attention kernels (decode, tree verify): q / out
+    `[rows, H, D]`, the pool, and the `[>= rows, H, splits(, D)]` fp32 workspace."""
+    rows, num_heads, head_dim = q.shape
+    assert num_heads % k_buffer.shape[1] == 0, "num_heads must be a multiple of num_kv_heads"
+    assert k_buffer.shape[2] == head_dim and v_buffer.shape == k_buffer.shape
+    assert k_buffer.dtype == v_buffer.dtype
+    assert q.dtype == k_buffer.dtype or is_fp8(k_buffer.dtype), "pool: q's dtype or fp8"
+    check_kv_scales(k_buffer.dtype, k_scale, v_scale)
+    assert out.shape == q.shape and out.stride(2) == 1
+    num_splits = mid_o.shape[2]
+    assert 1 <= num_splits <= MAX_KV_SPLITS
+    assert mid_o.shape[0] >= rows and mid_o.shape[1] == num_heads and mid_o.shape[3] == head_dim
+    assert mid_lse.shape[0] >= rows and mid_lse.shape[1:] == (num_heads, num_splits)
+    assert mid_o.dtype == mid_lse.dtype == torch.float32
+    assert mid_o.stride(3) == 1 and mid_lse.stride(2) == 1
+    for t in (q, k_buffer, v_buffer):
+        assert t.stride(2) == 1, "last dim must be contiguous"
+    assert req_to_token.stride(1) == 1

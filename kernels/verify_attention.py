@@ -59,11 +59,11 @@ from radixlm.kernels._triton import (
 )
 from radixlm.kernels.decode_merge import merge_block_sizes, split_span
 from radixlm.kernels.decode_workspace import (
-    MAX_KV_SPLITS,
     alloc_decode_workspace,
+    check_split_inputs,
     choose_num_kv_splits,
 )
-from radixlm.kernels.store_kv import check_kv_scales, is_fp8
+from radixlm.kernels.store_kv import is_fp8
 from radixlm.kernels.verify_merge import verify_stage2_kernel
 
 MAX_TREE_NODES = 64  # the tree keys of a request fit one tile
@@ -294,25 +294,12 @@ def verify_attention_fwd(
     num_kv_heads = k_buffer.shape[1]
     assert 1 <= nodes <= MAX_TREE_NODES, f"a tree has 1..{MAX_TREE_NODES} nodes, got {nodes}"
     assert rows == bsz * nodes, "q has B * N rows (N nodes per request)"
-    assert num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads"
-    assert k_buffer.shape[2] == head_dim and v_buffer.shape == k_buffer.shape
-    assert k_buffer.dtype == v_buffer.dtype
-    assert q.dtype == k_buffer.dtype or is_fp8(k_buffer.dtype), "pool: q's dtype or fp8"
-    check_kv_scales(k_buffer.dtype, k_scale, v_scale)
+    check_split_inputs(q, k_buffer, v_buffer, out, mid_o, mid_lse, req_to_token, k_scale, v_scale)
     assert tree_mask.dtype == torch.int32 and tree_mask.shape == (bsz, nodes, cdiv(nodes, 32))
     assert tree_mask.stride(2) == 1 and draft_loc.stride(1) == 1
     assert positions.numel() == rows and positions.is_contiguous()
     assert window is None or window >= 1
-    assert out.shape == q.shape and out.stride(2) == 1
     num_splits = mid_o.shape[2]
-    assert 1 <= num_splits <= MAX_KV_SPLITS
-    assert mid_o.shape[0] >= rows and mid_o.shape[1] == num_heads and mid_o.shape[3] == head_dim
-    assert mid_lse.shape[0] >= rows and mid_lse.shape[1:] == (num_heads, num_splits)
-    assert mid_o.dtype == mid_lse.dtype == torch.float32
-    assert mid_o.stride(3) == 1 and mid_lse.stride(2) == 1
-    for t in (q, k_buffer, v_buffer):
-        assert t.stride(2) == 1, "last dim must be contiguous"
-    assert req_to_token.stride(1) == 1
     if bsz == 0:
         return out
     group = num_heads // num_kv_heads
