@@ -1,0 +1,58 @@
+"""`Proposer`: where a speculative step's draft trees come from (NGRAM lookup, a draft model, EAGLE
+heads). The speculative step (the scheduler's verify path) is the only caller.
+
+Data flow of one speculative step over a batch of decoding requests:
+    proposer.propose(reqs) -> DraftTree [B, N] (tree_accept.py; node 0 = each request's last
+        committed token, the root, whose KV is not in the pool yet)
+    -> tree.alloc_draft_slots / build_tree / verify_forward_batch -> the target's verify forward
+    -> tree_accept.accept_trees -> TreeAcceptResult (accepted path, committed tokens)
+    -> tree.commit_path (rejected slots freed at once), grammar rollback, output bookkeeping
+    -> proposer.on_verified(reqs, result, hidden) (a draft model extends its own state)
+A request that leaves the running batch (finished, aborted, retracted) gets `release(req)`.
+
+Ownership: a proposer owns its own state only (an n-gram index, a draft model's KV pool and its
+per-request rows); it never touches the target's `req_to_token`, allocator or radix cache. It runs
+on the scheduler thread; nothing here is thread-safe.
+
+`hidden` is the target's last-layer hidden states of the rows just computed ([rows, H], in the
+forward's row order) for proposers with `needs_hidden` (EAGLE); None for the others.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from radixlm.runtime.speculative.tree_accept import DraftKind, DraftTree, TreeAcceptResult
+
+if TYPE_CHECKING:
+    from radixlm.runtime.scheduler.req import Req
+
+
+class Proposer(ABC):
+    # How the children of a node are chosen: the acceptance rule depends on it (tree_accept.py).
+    kind: DraftKind
+    # N: nodes per request in every DraftTree this proposer returns, the root included (a fixed
+    # shape, so that verify steps can be captured in CUDA graphs); padding nodes have parent < 0.
+    num_nodes: int
+    # Whether `on_prefilled` / `on_verified` need the target's hidden states.
+    needs_hidden: bool = False
+
+    @abstractmethod
+    def propose(self, reqs: Sequence[Req]) -> DraftTree:
+        """Draft trees for `reqs` (each decoding: `fill_ids[-1]` is its root). A request with
+        nothing to propose gets the root alone (every other node padding)."""
+
+    def on_prefilled(self, reqs: Sequence[Req], hidden: torch.Tensor | None) -> None:  # noqa: B027
+        """`reqs` finished (a chunk of) their prefill; `hidden` covers the extend rows."""
+
+    def on_verified(  # noqa: B027
+        self, reqs: Sequence[Req], result: TreeAcceptResult, hidden: torch.Tensor | None
+    ) -> None:
+        """The verify step committed `result` for `reqs` (`hidden`: the verify rows, [B * N, H])."""
+
+    def release(self, req: Req) -> None:  # noqa: B027
+        """`req` left the running batch: drop (and free) what is kept for it."""
