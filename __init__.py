@@ -9,6 +9,8 @@ HTTP/OpenAI backends) is imported on first use of those names.
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
 from radixlm._version import __version__
@@ -17,6 +19,21 @@ from radixlm.interpreter.api import LAZY_NAMES, lazy_attribute
 from radixlm.interpreter.api import __all__ as _lang_all
 
 __all__ = [*_lang_all, *LAZY_NAMES, "__version__"]
+
+
+def _unshadow_checkout() -> None:
+    """Take this package's own folder off `sys.path`.
+
+    NOTE: the package's folder is a checkout's root. Python run from there (`python -m pytest`,
+    `python -m radixlm ...`, and the child processes that inherit that working directory) puts it
+    on `sys.path`, and its subpackages then shadow top-level modules of the same names:
+    transformers >= 5.25 imports the `kernels` distribution from PyPI and got this package's
+    `kernels/`. radixlm is always imported as `radixlm.*`, so nothing needs that entry."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+
+
+_unshadow_checkout()
 
 
 def __getattr__(name: str) -> Any:
