@@ -54,7 +54,11 @@ class LeaderModelRunner(ModelRunner):
     req_to_token: JournaledReqToTokenPool
 
     def __init__(self, *args, **kwargs) -> None:
+        # NOTE: construction (CUDA graph capture, extend warm-up) runs the same forwards on
+        # every rank by itself: nothing is broadcast until it is done.
+        self._leading = False
         super().__init__(*args, **kwargs)
+        self._leading = True
         self.transfer = HostTransfer(self.device)
         self.req_to_token.take_journal()  # start-up writes (warm-up) ran on every rank alike
         self._logits_all_pending = False  # a decode forward's implicit LOGITS of every row
@@ -76,6 +80,8 @@ class LeaderModelRunner(ModelRunner):
     # ---- the runner's calls --------------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        if not self._leading:
+            return super().forward(batch)
         self._check_no_pending()
         if batch.tree_mask is not None:
             raise NotImplementedError("tree verify steps are not supported at tp_size > 1")
@@ -105,18 +111,22 @@ class LeaderModelRunner(ModelRunner):
     def compute_logits(
         self, hidden: torch.Tensor, rows: slice | torch.Tensor | None = None
     ) -> torch.Tensor:
-        if self._logits_all_pending and rows is None:
-            self._logits_all_pending = False
-        else:
-            self._check_no_pending()
-            if isinstance(rows, slice):
-                start, stop, _ = rows.indices(hidden.shape[0])
-                self._send(header(Op.LOGITS, LogitsKind.RANGE, start, stop))
-            elif rows is None:
-                self._send(header(Op.LOGITS, LogitsKind.RANGE, 0, hidden.shape[0]))
-            else:
-                self._send(header(Op.LOGITS, LogitsKind.ROWS, 0, rows.numel()), [rows])
+        if self._leading:
+            self._announce_logits(hidden, rows)
         return super().compute_logits(hidden, rows)
+
+    def _announce_logits(self, hidden: torch.Tensor, rows: slice | torch.Tensor | None) -> None:
+        if self._logits_all_pending and rows is None:
+            self._logits_all_pending = False  # the followers make this call by themselves
+            return
+        self._check_no_pending()
+        if isinstance(rows, slice):
+            start, stop, _ = rows.indices(hidden.shape[0])
+            self._send(header(Op.LOGITS, LogitsKind.RANGE, start, stop))
+        elif rows is None:
+            self._send(header(Op.LOGITS, LogitsKind.RANGE, 0, hidden.shape[0]))
+        else:
+            self._send(header(Op.LOGITS, LogitsKind.ROWS, 0, rows.numel()), [rows])
 
     # ---- control -------------------------------------------------------------------------------
     def keep_alive(self) -> None:
