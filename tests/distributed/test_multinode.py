@@ -20,8 +20,9 @@ import pytest
 from server_process import ServerProcess, free_port
 from tests_helpers import PARITY_PROMPTS, get_engine, release_engine
 
-CONFIG = {"dtype": "float32", "num_threads": 1}
-FLAGS = ["--dtype", "float32", "--num-threads", "1", "--tp-size", "2", "--nnodes", "2"]
+CONFIG = {"device": "cpu", "dtype": "float32", "num_threads": 1}
+FLAGS = ["--device", "cpu", "--dtype", "float32", "--num-threads", "1", "--tp-size", "2",
+         "--nnodes", "2"]  # fmt: skip
 PARAMS = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
 PROMPTS = PARITY_PROMPTS[:2]
 

@@ -7,7 +7,8 @@ every round every follower's `req_to_token` table equals rank 0's (`check_invari
 lock-step invariant of runtime/distributed/lockstep.py); a follower killed mid-run stops the
 group within seconds with an error naming its rank, and the client gets that error, not a hang.
 
-One TP=1 reference engine and one TP=2 engine for the module; TP=3 once.
+One TP=1 reference engine and one TP=2 engine for the module; TP=3 once. On two GPUs, the same
+over NCCL with CUDA graphs and the overlapped schedule (`test_nccl_engine_tp2_equals_tp1`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from tests_helpers import PARITY_PROMPTS, wait_idle_and_check
 MAX_NEW = 24
 # NOTE: float32 on both sides: the dense path (at TP > 1 the CPU runs no GGUF block kernels).
 CONFIG: dict[str, Any] = {
+    "device": "cpu",
     "dtype": "float32",
     "num_threads": 1,
     "max_total_tokens": 256,
@@ -131,22 +133,22 @@ def test_table_digest_sees_a_missed_write() -> None:
     assert not torch.equal(table_digest(moved), table_digest(leader))
 
 
-def test_killed_follower_stops_the_group(tp2: Any) -> None:
+def kill_follower_mid_request(engine: Any) -> None:
     """SIGKILL rank 1 while a request decodes: the request ends with an error naming the rank
-    within seconds, and so does every later request. (Last: it ends the module's TP=2 engine.)"""
+    within seconds, and so does every later request."""
     outcome: dict[str, Any] = {}
 
     def client() -> None:
         try:
-            outcome["out"] = tp2.generate("Once upon a time", LONG)
+            outcome["out"] = engine.generate("Once upon a time", LONG)
         except Exception as exc:  # the error is what is checked
             outcome["error"] = exc
 
     thread = threading.Thread(target=client)
     thread.start()
-    info = tp2.get_server_info()
+    info = engine.get_server_info()
     deadline = time.monotonic() + 60
-    while tp2.get_server_info()["generated_tokens"] == info["generated_tokens"]:
+    while engine.get_server_info()["generated_tokens"] == info["generated_tokens"]:
         assert time.monotonic() < deadline, "the request never started decoding"
         time.sleep(0.05)
     killed = time.monotonic()
@@ -157,4 +159,35 @@ def test_killed_follower_stops_the_group(tp2: Any) -> None:
     assert isinstance(outcome.get("error"), EngineDeadError), outcome
     assert "rank 1" in str(outcome["error"])
     with pytest.raises(EngineDeadError, match="rank 1"):
-        tp2.generate("Hello", {"max_new_tokens": 2})
+        engine.generate("Hello", {"max_new_tokens": 2})
+
+
+def test_killed_follower_stops_the_group(tp2: Any) -> None:
+    kill_follower_mid_request(tp2)  # NOTE: last in the module: it ends the module's TP=2 engine
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA devices"
+)
+def test_nccl_engine_tp2_equals_tp1() -> None:
+    """NCCL on two GPUs through the engine: decode steps replayed from CUDA graphs that capture
+    the all-reduces, the overlapped schedule (CUDA's default), fp32 so that TP=1 is the oracle;
+    the lock-step check after every round; then a killed follower, whose NCCL peers would wait
+    forever in a collective, stops the group within seconds (the watchdog)."""
+    from radixlm.runtime.frontend.engine import Engine
+
+    gpu = {**CONFIG, "device": "cuda"}
+    engine = Engine(**gpu)
+    try:
+        ref = run_workload(engine)
+    finally:
+        engine.shutdown()
+    engine = Engine(tp_size=2, **gpu)
+    try:
+        got = run_workload(engine)
+        check_same(ref, got, 2)
+        assert got["info"]["overlapped_steps"] > 0
+        kill_follower_mid_request(engine)
+    finally:
+        engine.shutdown()
