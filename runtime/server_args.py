@@ -274,6 +274,9 @@ _HELP = {
     "shutdown_timeout": "seconds in-flight requests get to finish on SIGTERM/SIGINT",
     "dp_size": "replicas (each its own engine) behind one endpoint, routed cache-aware",
     "tp_size": "tensor-parallel ranks per replica (NCCL on GPU, gloo on CPU)",
+    "nnodes": "nodes the tensor-parallel ranks span (tp_size / nnodes ranks each)",
+    "node_rank": "this node's index: 0 runs the HTTP server and rank 0, others run followers only",
+    "dist_init_addr": "host:port of rank 0's rendezvous, reachable from every node",
     "speculative_algorithm": "NGRAM, STANDALONE, EAGLE or EAGLE3 (default: off)",
 }
 
