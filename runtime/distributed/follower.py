@@ -1,5 +1,5 @@
 """Ranks 1..N-1 of a tensor-parallel group: replay rank 0's runner calls (lockstep.py) on this
-rank's `ModelRunner` until rank 0 says STOP.
+rank's `ModelRunner` for as long as the group runs.
 
 A follower owns its runner (its shard of the model, its KV pool, its `req_to_token` table) and
 nothing else: no scheduler, allocator decisions, sampler or sockets. It writes its table only
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from radixlm.runtime.distributed.comm import all_gather, broadcast
+from radixlm.runtime.distributed.comm import all_gather, broadcast, broadcast_host
 from radixlm.runtime.distributed.lockstep import (
     HEADER_LEN,
     Journal,
@@ -29,60 +29,63 @@ class Follower:
         self.table = runner.req_to_token.table
         self.hidden: torch.Tensor | None = None  # the last forward's output rows
 
-    def recv(self, n: int) -> torch.Tensor:
-        return broadcast(torch.empty(n, dtype=torch.int64, device=self.device))
+    def recv_host(self, n: int) -> list[int]:
+        if n == 0:
+            return []
+        return broadcast_host(torch.empty(n, dtype=torch.int64)).tolist()
+
+    def recv_device(self, n: int) -> torch.Tensor:
+        out = torch.empty(n, dtype=torch.int64, device=self.device)
+        return broadcast(out) if n else out
 
     @torch.inference_mode()
     def run(self) -> None:
-        """Follow until STOP; raises on a broken message or a failed collective."""
-        head = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.device)
+        """Follow rank 0 until the process ends (group.py's watchdog ends it when the group
+        stops); raises on a broken message or a failed collective."""
+        head = torch.empty(HEADER_LEN, dtype=torch.int64)
         while True:
-            op, *fields = broadcast(head).tolist()
+            op, *fields = broadcast_host(head).tolist()
             if op == Op.FORWARD:
                 self.forward(*fields[:6])
             elif op == Op.LOGITS:
                 kind, a, b = fields[:3]
-                rows = slice(a, b) if kind == LogitsKind.RANGE else self.recv(b)
+                rows = slice(a, b) if kind == LogitsKind.RANGE else self.recv_device(b)
                 assert self.hidden is not None
                 self.runner.compute_logits(self.hidden, rows)
             elif op == Op.CHECK:
                 all_gather(table_digest(self.table).view(1, 2), dim=0)
-            elif op == Op.STOP:
-                return
             elif op != Op.IDLE:
                 raise RuntimeError(f"tensor parallelism: unknown message {op} from rank 0")
 
     def forward(self, mode: int, b: int, t: int, n_logits: int, j: int, s: int) -> None:
+        # NOTE: nothing here waits for the device: the host ints come over the control group,
+        # so a GPU follower launches its step as soon as rank 0 has sent it.
         decode = mode == ForwardMode.DECODE
-        host_n = 3 * j + (0 if decode else 2 * b + max(n_logits, 0))
+        host = self.recv_host(3 * j + (b if decode else 2 * b + max(n_logits, 0)))
         body_n = 5 * b if decode else b + 2 * t
-        payload = self.recv(host_n + body_n + s)
-        host = payload[:host_n].tolist()
-        body = payload[host_n : host_n + body_n]
-        journal = Journal(host[:j], host[j : 2 * j], host[2 * j : 3 * j], [])
-        journal.replay(self.table, payload[host_n + body_n :])
+        payload = self.recv_device(body_n + s)
+        Journal(host[:j], host[j : 2 * j], host[2 * j : 3 * j], []).replay(
+            self.table, payload[body_n:]
+        )
+        lists = host[3 * j :]
+        body = payload[:body_n]
         if decode:
-            batch = self.decode_batch(body.view(5, b))
-            self.hidden = self.runner.forward(batch)
+            self.hidden = self.runner.forward(self.decode_batch(body.view(5, b), lists))
             self.runner.compute_logits(self.hidden)  # the decode step's implicit LOGITS
             return
-        lens = host[3 * j :]
         self.hidden = self.runner.forward(
-            self.extend_batch(body, lens[:b], lens[b : 2 * b], lens[2 * b :], n_logits >= 0)
+            self.extend_batch(body, lists[:b], lists[b : 2 * b], lists[2 * b :], n_logits >= 0)
         )
 
-    def decode_batch(self, cols: torch.Tensor) -> ForwardBatch:
+    def decode_batch(self, cols: torch.Tensor, seq_lens: list[int]) -> ForwardBatch:
         """The decode inputs in this runner's input buffer (a CUDA graph's static inputs), and
         the decode kernel's table writes (`req_to_token[row, pos] = slot`)."""
         b = cols.shape[1]
         inputs = self.runner.decode_input_buffer(b)
         inputs.copy_(cols)
-        ids, pos, loc, rows, seq_lens = inputs[:, :b]
+        ids, pos, loc, rows, lens = inputs[:, :b]
         self.table[rows, pos] = loc.to(self.table.dtype)
-        return ForwardBatch(
-            ForwardMode.DECODE, b, ids, pos, loc, rows, seq_lens,
-            [p + 1 for p in cols[1].tolist()],
-        )  # fmt: skip
+        return ForwardBatch(ForwardMode.DECODE, b, ids, pos, loc, rows, lens, seq_lens)
 
     def extend_batch(
         self,

@@ -2,7 +2,8 @@
 
 `RankSpec` says where a rank process stands (global rank, the GPU index on its node, the group
 size, rank 0's rendezvous `host:port`); `init_group` joins the group (NCCL on GPU, gloo on CPU)
-through a TCP store hosted by rank 0's process, and sets this process's `ParallelState`.
+through a TCP store hosted by rank 0's process, plus a gloo group of the same ranks on GPU for
+host-side control messages (lockstep.py), and sets this process's `ParallelState`.
 
 `GroupWatchdog` (a daemon thread per rank) turns a failure anywhere into a stop everywhere, within
 seconds, instead of a hang in a collective:
@@ -79,11 +80,14 @@ def init_group(spec: RankSpec, device: str) -> tuple[ParallelState, object]:
         host, port, spec.tp_size, is_master=spec.rank == 0,
         timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S),
     )  # fmt: skip
+    timeout = timedelta(seconds=COLLECTIVE_TIMEOUT_S)
     dist.init_process_group(
         "nccl" if cuda else "gloo", store=store, rank=spec.rank, world_size=spec.tp_size,
-        timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+        timeout=timeout,
     )  # fmt: skip
-    state = ParallelState(spec.rank, spec.tp_size, dist.group.WORLD)
+    world = dist.group.WORLD
+    cpu_group = dist.new_group(backend="gloo", timeout=timeout) if cuda else world
+    state = ParallelState(spec.rank, spec.tp_size, world, cpu_group)
     set_parallel_state(state)
     return state, store
 

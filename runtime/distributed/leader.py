@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from radixlm.runtime.distributed.comm import all_gather, broadcast
+from radixlm.runtime.distributed.comm import all_gather, broadcast, broadcast_host
 from radixlm.runtime.distributed.lockstep import (
     Journal,
     LogitsKind,
@@ -22,7 +22,6 @@ from radixlm.runtime.distributed.lockstep import (
     table_digest,
 )
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
-from radixlm.runtime.executor.host_transfer import HostTransfer
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.mem.kv_pool import ReqToTokenPool
 
@@ -59,16 +58,24 @@ class LeaderModelRunner(ModelRunner):
         self._leading = False
         super().__init__(*args, **kwargs)
         self._leading = True
-        self.transfer = HostTransfer(self.device)
         self.req_to_token.take_journal()  # start-up writes (warm-up) ran on every rank alike
         self._logits_all_pending = False  # a decode forward's implicit LOGITS of every row
         self._last_idle = 0.0
 
     # ---- sending -------------------------------------------------------------------------------
-    def _send(self, head: list[int], payload: list[torch.Tensor] | None = None) -> None:
-        broadcast(self.transfer.to_device(head))
-        if payload:
-            broadcast(torch.cat(payload) if len(payload) > 1 else payload[0].contiguous())
+    def _send(
+        self,
+        head: list[int],
+        host: list[int] | None = None,
+        device: list[torch.Tensor] | None = None,
+    ) -> None:
+        """The header, then (when the header implies them) the host ints over the control group
+        and the device tensors, concatenated, over the group (lockstep.py)."""
+        broadcast_host(torch.tensor(head, dtype=torch.int64))
+        if host:
+            broadcast_host(torch.tensor(host, dtype=torch.int64))
+        if device and sum(t.numel() for t in device):
+            broadcast(torch.cat(device) if len(device) > 1 else device[0].contiguous())
 
     def _check_no_pending(self) -> None:
         if self._logits_all_pending:
@@ -87,24 +94,22 @@ class LeaderModelRunner(ModelRunner):
             raise NotImplementedError("tree verify steps are not supported at tp_size > 1")
         journal = self.req_to_token.take_journal()
         b, t = batch.batch_size, batch.num_tokens
-        meta = [*journal.rows, *journal.starts, *journal.lens]
+        host = [*journal.rows, *journal.starts, *journal.lens]
         if batch.mode == ForwardMode.DECODE:
             cols = [batch.input_ids, batch.positions, batch.out_cache_loc,
                     batch.req_pool_indices, batch.seq_lens]  # fmt: skip
+            host += batch.seq_lens_cpu
             body = [torch.stack(cols).reshape(-1)]
-            lead = meta
             n_logits = -1
             self._logits_all_pending = True
         else:
             rows = batch.logits_indices_cpu
             n_logits = -1 if rows is None else len(rows)
-            lead = [*meta, *batch.extend_prefix_lens_cpu, *batch.extend_seq_lens_cpu, *(rows or [])]
+            host += [*batch.extend_prefix_lens_cpu, *batch.extend_seq_lens_cpu, *(rows or [])]
             body = [batch.req_pool_indices, batch.input_ids, batch.out_cache_loc]
-        payload = [self.transfer.to_device(lead)] if lead else []
-        payload += [*body, *journal.slots]
-        s = sum(journal.lens)
-        self._send(header(Op.FORWARD, int(batch.mode), b, t, n_logits, len(journal.rows), s),
-                   payload)  # fmt: skip
+        head = header(Op.FORWARD, int(batch.mode), b, t, n_logits, len(journal.rows),
+                      sum(journal.lens))  # fmt: skip
+        self._send(head, host, [*body, *journal.slots])
         return super().forward(batch)
 
     @torch.inference_mode()
@@ -126,7 +131,7 @@ class LeaderModelRunner(ModelRunner):
         elif rows is None:
             self._send(header(Op.LOGITS, LogitsKind.RANGE, 0, hidden.shape[0]))
         else:
-            self._send(header(Op.LOGITS, LogitsKind.ROWS, 0, rows.numel()), [rows])
+            self._send(header(Op.LOGITS, LogitsKind.ROWS, 0, rows.numel()), device=[rows])
 
     # ---- control -------------------------------------------------------------------------------
     def keep_alive(self) -> None:
@@ -147,6 +152,3 @@ class LeaderModelRunner(ModelRunner):
                 raise AssertionError(
                     f"tensor-parallel rank {rank}'s req_to_token table differs from rank 0's"
                 )
-
-    def stop_followers(self) -> None:
-        self._send(header(Op.STOP))

@@ -3,25 +3,28 @@ of a tensor-parallel group (followers: they hold their shard of the model, a KV 
 `req_to_token` table, and decide nothing).
 
 Rank 0 broadcasts one message per model-runner call (leader.py sends, follower.py receives): a
-header of `HEADER_LEN` int64, then, when the header says so, one flat int64 payload; both on the
-group's device (NCCL: the GPU, gloo: the CPU), so a decode step's inputs, which live on the GPU,
-are never read back by the leader.
+header of `HEADER_LEN` int64 and the host-side ints (lengths, the journal's rows) over the gloo
+control group (`ParallelState.cpu_group`: a follower reads them without waiting for its device),
+then one flat int64 payload of device data (slots, input ids, decode inputs) over the group
+itself (NCCL on GPU: the GPU-side decode inputs of the overlapped schedule are never read back).
+On the CPU both go over the one gloo group.
 
-    FORWARD  header (mode, B, T, L, J, S): payload = J rows, J starts, J lengths of the journal
-             of rank 0's `req_to_token` writes since the last forward, then the batch, then the
-             journal's S slots:
-               EXTEND: B prefix lens, B extend lens, L logits rows (L = -1: none given, every
-                       row), B req_pool_indices, T input ids, T out_cache_loc;
+    FORWARD  header (mode, B, T, L, J, S); host ints: the journal of rank 0's `req_to_token`
+             writes since the last forward (J rows, J starts, J lengths), then
+               EXTEND: B prefix lens, B extend lens, L logits rows (L = -1: none, every row);
+               DECODE: B seq lens;
+             device payload: the batch, then the journal's S slots:
+               EXTEND: B req_pool_indices, T input ids, T out_cache_loc;
                DECODE: the five decode input rows `[5, B]` (kernels/decode_inputs.py); the
                        follower then computes the logits of every row (a decode step's one
                        `compute_logits` call: rank 0 sends no LOGITS message for it).
     LOGITS   header (kind, a, b): logits of the last forward's rows [a, b) (kind RANGE) or of
-             b row indices sent as the payload (kind ROWS); the logits' all-gather is a
+             b row indices sent as the device payload (kind ROWS); the logits' all-gather is a
              collective every rank must join.
     IDLE     keep-alive while rank 0 has nothing to run (a follower's wait is a collective,
              bounded by the process group's timeout).
     CHECK    every rank's `table_digest`, all-gathered: rank 0 compares them.
-    STOP     followers return.
+Followers end with the group (group.py's watchdog): rank 0 stopping in order, or any failure.
 
 # NOTE (the lock-step invariant): at every forward, a follower's `req_to_token` table equals
 # rank 0's: rank 0's `JournaledReqToTokenPool` records every `write` in order and the next
@@ -46,7 +49,6 @@ class Op(IntEnum):
     LOGITS = 2
     IDLE = 3
     CHECK = 4
-    STOP = 5
 
 
 class LogitsKind(IntEnum):

@@ -3,7 +3,7 @@ scheduler/process.py) and `run_follower_process` (ranks 1..N-1, processes/child.
 `tp_follower` role).
 
 A follower process: join the group, build its `ModelRunner` (a collective with every other rank's),
-report readiness, then follow rank 0 (follower.py) until STOP. It exits 0 when rank 0 stops in
+report readiness, then follow rank 0 (follower.py). It exits 0 when rank 0 stops in
 order, 1 on any failure, after storing its error for rank 0's watchdog (group.py).
 """
 
