@@ -12,7 +12,8 @@ seconds, instead of a hang in a collective:
 - rank 0 watches every other rank: an error, or no beat for `STALE_S`, calls its `on_failure`
   with a message naming the rank (the scheduler then tells the tokenizer manager and exits);
 - a follower watches rank 0: a store that no longer answers (rank 0's process is gone) or a
-  `stopped` key (an orderly shutdown) ends the follower.
+  `stopped` key (an orderly shutdown: acknowledged with `bye/<rank>` before rank 0 exits) ends
+  the follower.
 Collectives also time out after `COLLECTIVE_TIMEOUT_S` (the backstop for a group that is alive but
 stuck); rank 0 sends keep-alives while idle (leader.py), so a wait never reaches it normally.
 """
@@ -33,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 BEAT_S = 0.5
 STALE_S = 5.0
+STOP_WAIT_S = 3.0  # an orderly stop waits this long at most for other nodes' ranks to see it
 RENDEZVOUS_TIMEOUT_S = 600.0  # every rank must join within this (other nodes start by hand)
 COLLECTIVE_TIMEOUT_S = 300.0
 _PREFIX = "radixlm/"
@@ -110,8 +112,20 @@ class GroupWatchdog:
         self.store.set(f"{_PREFIX}err/{self.spec.rank}", message)
 
     def announce_stop(self) -> None:
-        """Rank 0 stops in order: followers exit without an error."""
-        self.store.set(f"{_PREFIX}stopped", "1")
+        """Rank 0 stops in order (called from its main thread): followers exit without an
+        error. Waits up to `STOP_WAIT_S` for the ranks of other nodes to see it (while this
+        process, which hosts the store, still runs); this node's ranks are stopped by their
+        launcher."""
+        import torch.distributed as dist
+
+        host, port = self.spec.host_port
+        store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=STALE_S))
+        store.set(f"{_PREFIX}stopped", "1")
+        remote = [r for r in range(1, self.spec.tp_size) if self.spec.node_of(r) != 0]
+        deadline = time.monotonic() + STOP_WAIT_S
+        while remote and time.monotonic() < deadline:
+            remote = [r for r in remote if not store.check([f"{_PREFIX}bye/{r}"])]
+            time.sleep(0.05)
 
     def wait_diagnosis(self, timeout: float) -> str | None:
         """Which rank failed, once the watchdog knows (None: no rank found within `timeout`)."""
@@ -131,6 +145,7 @@ class GroupWatchdog:
             try:
                 self.store.add(f"{_PREFIX}hb/{rank}", 1)
                 if rank != 0 and self.store.check([f"{_PREFIX}stopped"]):
+                    self.store.set(f"{_PREFIX}bye/{rank}", "1")
                     self.on_failure("")
                     return
                 for r in others:

@@ -1,9 +1,9 @@
 """Multi-node start-up with SGLang's flags, two "nodes" on 127.0.0.1: `radixlm serve --tp-size 2
 --nnodes 2 --node-rank 0 --dist-init-addr 127.0.0.1:P` (the HTTP server, rank 0) and the same
 with `--node-rank 1` (rank 1 only, no HTTP server), started as separate processes. Greedy output
-over HTTP equals TP=1's; SIGKILL of node 1's rank while a request decodes: that request ends with
-an error naming rank 1 within seconds, later requests get 503 naming it, and node 1's process
-exits with an error.
+over HTTP equals TP=1's, and when node 0 stops in order node 1 exits 0. On a second pair, SIGKILL
+of node 1's rank while a request decodes: that request ends with an error naming rank 1 within
+seconds, later requests get 503 naming it, and node 1's process exits with an error.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ PARAMS = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
 PROMPTS = PARITY_PROMPTS[:2]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def nodes() -> Any:
     addr = f"127.0.0.1:{free_port()}"
     common = [*FLAGS, "--dist-init-addr", addr]
@@ -41,7 +41,7 @@ def nodes() -> Any:
         node1.close()
 
 
-def test_two_nodes_match_tp1(nodes: tuple[ServerProcess, ServerProcess]) -> None:
+def test_two_nodes_match_tp1_and_stop_in_order(nodes: tuple[ServerProcess, ServerProcess]) -> None:
     node0, node1 = nodes
     assert node0.info()["tp_size"] == 2
     assert node1.proc.poll() is None
@@ -54,6 +54,8 @@ def test_two_nodes_match_tp1(nodes: tuple[ServerProcess, ServerProcess]) -> None
         resp = node0.client.post("/generate", json={"text": prompt, "sampling_params": PARAMS})
         assert resp.status_code == 200, resp.text
         assert resp.json()["output_ids"] == ids
+    assert node0.stop() == 0
+    assert node1.proc.wait(30) == 0, node1.logs()[-2000:]
 
 
 def test_killed_rank_on_node1_stops_the_group(nodes: tuple[ServerProcess, ServerProcess]) -> None:
