@@ -76,7 +76,7 @@ class ServerArgs:
     attention_backend: str | None = None  # None: triton on GPU, torch on CPU
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int | None = None  # None: 256 (capped by max running requests)
-    num_threads: int | None = None  # CPU: torch intra-op threads (None: all cores)
+    num_threads: int | None = None  # CPU: torch intra-op threads per rank (None: cores / ranks)
     # ---- constrained decoding ----
     grammar_backend: str = "llguidance"
     disable_jump_forward: bool = False
@@ -232,7 +232,9 @@ class ServerArgs:
         cuda = device.split(":")[0] == "cuda"
         threads = self.num_threads
         if not cuda and not threads:
-            threads = len(os.sched_getaffinity(0))  # all the cores this process may use
+            # all the cores this process may use, shared by this node's tensor-parallel ranks
+            ranks = max(1, self.tp_size // max(1, self.nnodes))
+            threads = max(1, len(os.sched_getaffinity(0)) // ranks)
         return self.replace(
             device=device,
             attention_backend=self.attention_backend or ("triton" if cuda else "torch"),
