@@ -24,6 +24,8 @@ from radixlm.runtime.distributed.lockstep import (
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.mem.kv_pool import ReqToTokenPool
+from radixlm.runtime.models.loader import ModelSource
+from radixlm.runtime.server_args import ServerArgs
 
 IDLE_INTERVAL_S = 0.5  # keep-alives while idle, at most this often
 
@@ -52,11 +54,11 @@ class LeaderModelRunner(ModelRunner):
     req_to_token_cls = JournaledReqToTokenPool
     req_to_token: JournaledReqToTokenPool
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, args: ServerArgs, source: ModelSource) -> None:
         # NOTE: construction (CUDA graph capture, extend warm-up) runs the same forwards on
         # every rank by itself: nothing is broadcast until it is done.
         self._leading = False
-        super().__init__(*args, **kwargs)
+        super().__init__(args, source)
         self._leading = True
         self.req_to_token.take_journal()  # start-up writes (warm-up) ran on every rank alike
         self._logits_all_pending = False  # a decode forward's implicit LOGITS of every row
