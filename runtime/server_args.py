@@ -76,7 +76,7 @@ class ServerArgs:
     attention_backend: str | None = None  # None: triton on GPU, torch on CPU
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int | None = None  # None: 256 (capped by max running requests)
-    num_threads: int | None = None  # CPU: torch intra-op threads (None: all cores)
+    num_threads: int | None = None  # CPU: torch intra-op threads per rank (None: cores / ranks)
     # ---- constrained decoding ----
     grammar_backend: str = "llguidance"
     disable_jump_forward: bool = False
@@ -232,7 +232,9 @@ class ServerArgs:
         cuda = device.split(":")[0] == "cuda"
         threads = self.num_threads
         if not cuda and not threads:
-            threads = len(os.sched_getaffinity(0))  # all the cores this process may use
+            # all the cores this process may use, shared by this node's tensor-parallel ranks
+            ranks = max(1, self.tp_size // max(1, self.nnodes))
+            threads = max(1, len(os.sched_getaffinity(0)) // ranks)
         return self.replace(
             device=device,
             attention_backend=self.attention_backend or ("triton" if cuda else "torch"),
@@ -274,6 +276,9 @@ _HELP = {
     "shutdown_timeout": "seconds in-flight requests get to finish on SIGTERM/SIGINT",
     "dp_size": "replicas (each its own engine) behind one endpoint, routed cache-aware",
     "tp_size": "tensor-parallel ranks per replica (NCCL on GPU, gloo on CPU)",
+    "nnodes": "nodes the tensor-parallel ranks span (tp_size / nnodes ranks each)",
+    "node_rank": "this node's index: 0 runs the HTTP server and rank 0, others run followers only",
+    "dist_init_addr": "host:port of rank 0's rendezvous, reachable from every node",
     "speculative_algorithm": "NGRAM, STANDALONE, EAGLE or EAGLE3 (default: off)",
 }
 

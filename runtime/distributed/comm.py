@@ -70,6 +70,16 @@ def broadcast(x: torch.Tensor, src: int = 0) -> torch.Tensor:
     return x
 
 
+def broadcast_host(x: torch.Tensor, src: int = 0) -> torch.Tensor:
+    """`broadcast` of a CPU tensor over the gloo control group (`cpu_group`): no device work."""
+    state = parallel_state()
+    if not state.is_parallel:
+        return x
+    group = state.cpu_group if state.cpu_group is not None else state.group
+    _dist().broadcast(x, src=_global_rank(group, src), group=group)
+    return x
+
+
 def broadcast_object(obj: Any, src: int = 0) -> Any:
     """A picklable `obj` of group rank `src` on every rank (the others pass anything)."""
     state = parallel_state()

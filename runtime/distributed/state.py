@@ -14,6 +14,9 @@ class ParallelState(NamedTuple):
     tp_rank: int = 0
     tp_size: int = 1
     group: Any = None  # torch.distributed ProcessGroup (None: TP=1)
+    # gloo group over the same ranks for host-side control messages (runtime/distributed/
+    # lockstep.py); on the CPU it is `group` itself
+    cpu_group: Any = None
 
     @property
     def is_parallel(self) -> bool:

@@ -104,6 +104,10 @@ def _default_dtype(dtype: torch.dtype):
 
 
 class ModelRunner:
+    # NOTE: the tensor-parallel leader (runtime/distributed/leader.py) records the table's
+    # writes for its followers; every other runner uses the plain pool.
+    req_to_token_cls: type[ReqToTokenPool] = ReqToTokenPool
+
     def __init__(self, args: ServerArgs, source: ModelSource) -> None:
         self.args = args = args.resolved()  # NOTE: a no-op in a child (launch resolved them)
         self.config = source.config
@@ -250,7 +254,7 @@ class ModelRunner:
         elif self.model.kv_scales:
             logger.info("the checkpoint's KV-cache scales are unused (kv_cache_dtype=auto)")
         # NOTE: one spare row per request: a jump-forward or chunk may briefly need it.
-        req_to_token = ReqToTokenPool(self.max_running, self.context_len + 1, self.device)
+        req_to_token = self.req_to_token_cls(self.max_running, self.context_len + 1, self.device)
         return kv, req_to_token
 
     def _make_attention_backend(self) -> AttentionBackend:
@@ -291,8 +295,15 @@ class ModelRunner:
         return torch.empty(len(DECODE_INPUT_ROWS), bs, dtype=torch.int64, device=self.device)
 
     @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """float32 logits `[rows, vocab]`."""
+    def compute_logits(
+        self, hidden: torch.Tensor, rows: slice | torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """float32 logits `[rows, vocab]` of `hidden`'s rows `rows` (a range, or row indices on
+        the device; None: every row)."""
+        if isinstance(rows, slice):
+            hidden = hidden[rows]
+        elif rows is not None:
+            hidden = hidden.index_select(0, rows)
         if self.cpu is not None and self.cpu.head is not None:
             return self.cpu.head(hidden).float()
         return self.model.compute_logits(hidden)

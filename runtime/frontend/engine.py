@@ -5,6 +5,10 @@
     for chunk in engine.generate(prompt, params, stream=True): ...
     engine.shutdown()
 
+`Engine(tp_size=N)` runs the model over N tensor-parallel ranks (the scheduler is rank 0, the
+others follow it in lock-step: docs/distributed.md); other nodes' ranks start with
+`radixlm serve --node-rank K`.
+
 The user's process hosts the TokenizerManager on a private asyncio loop in a background thread,
 so the synchronous API works anywhere, Jupyter included (whose own loop is already running).
 The scheduler and detokenizer run in spawned child processes; `shutdown` (also at exit, or when

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from radixlm.runtime.distributed.leader import LeaderModelRunner
+from radixlm.runtime.distributed.state import parallel_state
 from radixlm.runtime.processes import io
 from radixlm.runtime.scheduler.policy import NewTokenRatio
 from radixlm.runtime.scheduler.queues import ReqQueues
@@ -76,6 +78,7 @@ class SchedulerInfo:
             "architecture": cfg.architecture,
             "num_layers": cfg.num_hidden_layers,
             "hidden_size": cfg.hidden_size,
+            "tp_size": parallel_state().tp_size,
         }
 
     def load_info(self) -> dict[str, Any]:
@@ -109,6 +112,8 @@ class SchedulerInfo:
                 self.cache.check_idle_invariant()
                 if self.runner.req_to_token.available() != self.runner.req_to_token.size:
                     raise AssertionError("req_to_token rows leaked")
+                if isinstance(self.runner, LeaderModelRunner):
+                    self.runner.check_followers()  # the lock-step invariant (lockstep.py)
             except AssertionError as exc:
                 return io.ControlResp(msg.token, False, error=str(exc))
             return io.ControlResp(msg.token, True, self.load_info())

@@ -157,13 +157,11 @@ def prepare_decode(
 
 
 def input_logprobs(
-    hidden: torch.Tensor,
-    batch: ScheduleBatch,
-    compute_logits: Callable[[torch.Tensor], torch.Tensor],
+    batch: ScheduleBatch, logits_of: Callable[[int, int], torch.Tensor]
 ) -> list[tuple[list[float], list | None]]:
     """Per `lp_rows` entry: the logprobs of the next input tokens and, if asked, the top-k.
-    Logits are materialised `_LOGPROB_CHUNK` rows at a time (a long prompt's full logits would
-    not fit in memory)."""
+    `logits_of(a, b)`: the logits of the forward's hidden rows [a, b). Logits are materialised
+    `_LOGPROB_CHUNK` rows at a time (a long prompt's full logits would not fit in memory)."""
     out = []
     for i, first_row, count, first_pos in batch.lp_rows:
         r = batch.reqs[i]
@@ -171,11 +169,9 @@ def input_logprobs(
         values: list[float] = []
         tops: list = []
         for c in range(0, count, _LOGPROB_CHUNK):
-            rows = hidden[first_row + c : first_row + min(c + _LOGPROB_CHUNK, count)]
-            logp = torch.log_softmax(compute_logits(rows), dim=-1)
-            tgt = torch.tensor(
-                targets[c : c + rows.shape[0]], dtype=torch.int64, device=logp.device
-            )
+            end = min(c + _LOGPROB_CHUNK, count)
+            logp = torch.log_softmax(logits_of(first_row + c, first_row + end), dim=-1)
+            tgt = torch.tensor(targets[c:end], dtype=torch.int64, device=logp.device)
             values.extend(logp.gather(1, tgt.view(-1, 1)).view(-1).tolist())
             if r.top_logprobs_num:
                 v, ix = logp.topk(r.top_logprobs_num, dim=-1)

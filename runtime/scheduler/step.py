@@ -79,7 +79,9 @@ class StepRunner(Protocol):
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor: ...
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+    def compute_logits(
+        self, hidden: torch.Tensor, rows: slice | torch.Tensor | None = None
+    ) -> torch.Tensor: ...
 
     def decode_input_buffer(self, bs: int) -> torch.Tensor: ...
 
@@ -134,17 +136,17 @@ class ModelStep:
         lp = (
             []
             if decode or not batch.lp_rows
-            else input_logprobs(hidden, batch, self.runner.compute_logits)
+            else input_logprobs(batch, lambda a, b: self.runner.compute_logits(hidden, slice(a, b)))
         )
         sampled = batch.reqs if decode else batch.sampling_reqs
         if not sampled:
             return StepOutput(batch, sampled, None, None, None, lp, False)
-        last = hidden  # NOTE: decode samples every row, in order: no gather
+        rows = None  # NOTE: decode samples every row, in order: no gather
         if not decode:
-            rows = [r for r in batch.sample_rows if r >= 0]
-            if rows != list(range(hidden.shape[0])):
-                last = hidden.index_select(0, torch.tensor(rows, device=hidden.device))
-        logits = self.runner.compute_logits(last)
+            picked = [r for r in batch.sample_rows if r >= 0]
+            if picked != list(range(hidden.shape[0])):
+                rows = torch.tensor(picked, device=hidden.device)
+        logits = self.runner.compute_logits(hidden, rows)
         if greedy:
             out = sample(logits, SamplingBatch.greedy_only(len(sampled)))
             masked = False

@@ -33,7 +33,7 @@ from radixlm.runtime.errors import RadixLMError
 from radixlm.runtime.frontend.tokenizer_manager import GenerateInput
 from radixlm.runtime.models.default_model import ModelNotFoundError
 from radixlm.runtime.models.hf_cache import resolve_cached_model
-from radixlm.runtime.processes.launch import launch_processes
+from radixlm.runtime.processes.launch import launch_processes, run_follower_node
 from radixlm.runtime.processes.process_utils import configure_logging
 from radixlm.runtime.server.metrics import HEALTH_RID_PREFIX
 from radixlm.runtime.server.state import ServerState
@@ -161,6 +161,8 @@ def serve_main(
         except FileNotFoundError as exc:
             logger.error("%s", exc)
             return 2
+    if args.node_rank > 0:  # this node runs tensor-parallel followers only (no HTTP server)
+        return run_follower_node(args)
     box: dict[str, Any] = {}
 
     def while_starting() -> None:

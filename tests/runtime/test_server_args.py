@@ -118,3 +118,12 @@ def test_parallel_and_speculative_flags_are_checked_by_name(kwargs, field):
     with pytest.raises(InvalidRequestError) as err:
         ServerArgs(**kwargs)
     assert err.value.field == field
+
+
+def test_cpu_threads_are_shared_by_a_nodes_tensor_parallel_ranks():
+    cores = len(os.sched_getaffinity(0))
+    assert ServerArgs(device="cpu").resolved().num_threads == cores
+    assert ServerArgs(device="cpu", tp_size=2).resolved().num_threads == max(1, cores // 2)
+    two_nodes = ServerArgs(device="cpu", tp_size=4, nnodes=2, dist_init_addr="10.0.0.1:5000")
+    assert two_nodes.resolved().num_threads == max(1, cores // 2)
+    assert ServerArgs(device="cpu", tp_size=2, num_threads=3).resolved().num_threads == 3
