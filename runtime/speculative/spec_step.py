@@ -5,7 +5,8 @@ Data flow of `run(batch)`:
     proposer.propose(reqs) -> DraftTree [B, N]
     -> per request, draft_check.check_draft: cut nodes deeper than what the request may still
        commit (max_new_tokens, the context) or rejected by its grammar; the grammar's masks of
-       the kept nodes' states are built on the way
+       the kept nodes' states are built on the way; a request whose recent drafts were rejected
+       gets none for a while (gate.py)
     -> no request has a draft left, or the pool cannot hold the drafts' KV even after evicting:
        the plain decode step (step.py) and the one result path, one token each
     -> else one EXTEND forward over B x n rows with the tree mask (tree.verify_forward_batch;
@@ -45,6 +46,7 @@ from radixlm.runtime.scheduler.results import ResultPath
 from radixlm.runtime.scheduler.schedule_batch import ScheduleBatch
 from radixlm.runtime.scheduler.step import ModelStep, StepTokens
 from radixlm.runtime.speculative.draft_check import CheckedDraft, check_draft
+from radixlm.runtime.speculative.gate import DraftGate
 from radixlm.runtime.speculative.proposer import Proposer
 from radixlm.runtime.speculative.tree import (
     alloc_draft_slots,
@@ -97,6 +99,8 @@ class SpeculativeStep:
         self.stats = stats
         self.device = step.device
         self.active: dict[str, Req] = {}
+        # NOTE: on CPU a verify forward costs more than the fused decode step (gate.py).
+        self.gate = DraftGate(min_accepted=1 if self.device.type == "cpu" else 0)
 
     # ---- the step ------------------------------------------------------------------------------
     def run(self, batch: ScheduleBatch) -> None:
@@ -121,6 +125,8 @@ class SpeculativeStep:
 
     def check(self, req: Req, draft: DraftTree, i: int, mask: torch.Tensor | None) -> CheckedDraft:
         room = min(req.remaining_new_tokens(), self.context_len - req.seqlen)
+        if not self.gate.allows(req.rid):
+            room = 0
         return check_draft(
             draft.tokens[i].tolist(), draft.parents[i].tolist(), max(room - 1, 0),
             req.grammar, mask,
@@ -237,6 +243,7 @@ class SpeculativeStep:
             req.spec_verify_ct += 1
             req.spec_committed += appended
             self.stats["spec_committed_tokens"] += appended
+            self.gate.update(req.rid, int((parents[i] >= 0).sum()), a)
 
     def drop_uncommitted(self, req: Req) -> None:
         """A request stopped inside its committed tokens: free the KV past its last output
@@ -252,6 +259,7 @@ class SpeculativeStep:
         ids = {r.rid for r in keep}
         for rid in [rid for rid in self.active if rid not in ids]:
             self.proposer.release(self.active.pop(rid))
+            self.gate.release(rid)
 
 
 def kept_probs(draft: DraftTree, checked: list[CheckedDraft], n: int) -> torch.Tensor | None:

@@ -139,3 +139,31 @@ def test_check_draft_cuts_by_depth_and_grammar() -> None:
     assert rows[: len(out.kept), 0].tolist() == [0, 1, 2, 2, 3]  # each node's depth state
     shallow = check_draft(tokens, parents, max_depth=1)
     assert shallow.kept == [0, 1, 2]
+
+
+def test_gate_backs_off_and_resets() -> None:
+    from radixlm.runtime.speculative.gate import MAX_BACKOFF, DraftGate
+
+    gate = DraftGate(min_accepted=1)
+    pattern = []
+    for _ in range(40):
+        ok = gate.allows("a")
+        pattern.append(ok)
+        if ok:
+            gate.update("a", drafted=4, accepted=0)
+    # drafts at steps 0, 2, 5, 10, 19, 36: waits of 1, 2, 4, 8, 16 plain steps
+    assert [k for k, ok in enumerate(pattern) if ok] == [0, 2, 5, 10, 19, 36]
+    gate = DraftGate(min_accepted=1)
+    gate.update("a", drafted=4, accepted=0)
+    gate.update("a", drafted=4, accepted=0)
+    assert [gate.allows("a") for _ in range(3)] == [False, False, True]
+    gate.update("a", drafted=4, accepted=2)  # an accepted draft resets the back-off
+    assert gate.allows("a") and "a" not in gate.backoff
+    gate.update("a", drafted=4, accepted=0)
+    assert [gate.allows("a") for _ in range(2)] == [False, True]
+    for _ in range(20):
+        gate.update("b", drafted=3, accepted=0)
+    assert gate.backoff["b"] == MAX_BACKOFF
+    gate.release("b")
+    assert gate.allows("b")
+    assert DraftGate(min_accepted=0).allows("c")  # never backs off
