@@ -6,7 +6,7 @@ Data flow of `run(batch)`:
     -> per request, draft_check.check_draft: cut nodes deeper than what the request may still
        commit (max_new_tokens, the context) or rejected by its grammar; the grammar's masks of
        the kept nodes' states are built on the way; a request whose recent drafts were rejected
-       gets none for a while (gate.py)
+       gets none for a while (gate.py); on CPU the batch's drafts are cut to a row budget
     -> no request has a draft left, or the pool cannot hold the drafts' KV even after evicting:
        the plain decode step (step.py) and the one result path, one token each
     -> else one EXTEND forward over B x n rows with the tree mask (tree.verify_forward_batch;
@@ -32,13 +32,13 @@ holds state for: those that left the batch get `release`). Scheduler thread only
 
 from __future__ import annotations
 
-import logging
 from typing import Any, NamedTuple
 
 import torch
 
 from radixlm.runtime.mem.kv_pool import SlotAllocator
 from radixlm.runtime.mem.prefix_cache import PrefixCache
+from radixlm.runtime.models.cpu_linear import SMALL_M
 from radixlm.runtime.sampling.sampling_batch import SamplingBatch
 from radixlm.runtime.scheduler.queues import ReqQueues
 from radixlm.runtime.scheduler.req import Req
@@ -61,8 +61,6 @@ from radixlm.runtime.speculative.tree_accept import (
     node_contexts,
     target_probs,
 )
-
-logger = logging.getLogger(__name__)
 
 
 class _RowReq(NamedTuple):
@@ -99,8 +97,12 @@ class SpeculativeStep:
         self.stats = stats
         self.device = step.device
         self.active: dict[str, Req] = {}
-        # NOTE: on CPU a verify forward costs more than the fused decode step (gate.py).
-        self.gate = DraftGate(min_accepted=1 if self.device.type == "cpu" else 0)
+        # NOTE: on CPU a verify forward costs more than the fused decode step (gate.py), and
+        # above `SMALL_M` rows its linear layers leave the small-batch kernels: a verify step
+        # keeps to that many rows there (`within_budget`).
+        cpu = self.device.type == "cpu"
+        self.gate = DraftGate(min_accepted=1 if cpu else 0)
+        self.max_rows = SMALL_M if cpu else None
 
     # ---- the step ------------------------------------------------------------------------------
     def run(self, batch: ScheduleBatch) -> None:
@@ -119,6 +121,7 @@ class SpeculativeStep:
             self.check(req, draft, i, None if masks is None else masks[i])
             for i, req in enumerate(reqs)
         ]
+        checked = self.within_budget(checked)
         if all(len(c.kept) == 1 for c in checked) or not self.verify(batch, draft, checked, masks):
             self.plain_decode(batch)
         self.release_gone(self.queues.running)
@@ -131,6 +134,15 @@ class SpeculativeStep:
             draft.tokens[i].tolist(), draft.parents[i].tolist(), max(room - 1, 0),
             req.grammar, mask,
         )  # fmt: skip
+
+    def within_budget(self, checked: list[CheckedDraft]) -> list[CheckedDraft]:
+        """Cut the drafts so that the verify forward has at most `max_rows` rows: every request
+        is padded to the widest tree, so each keeps the first `max_rows // B` nodes of its tree
+        (a prefix of a topological order is a tree; 1: the root alone)."""
+        if self.max_rows is None:
+            return checked
+        width = max(1, self.max_rows // max(len(checked), 1))
+        return [CheckedDraft(c.kept[:width], c.tokens[:width], c.parents[:width]) for c in checked]
 
     def plain_decode(self, batch: ScheduleBatch) -> None:
         """One token per request (no drafts), through the plain step and result path."""

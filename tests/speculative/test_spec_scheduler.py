@@ -132,6 +132,7 @@ def plain() -> dict[str, list[int]]:
 def test_drafts_of_every_quality_give_the_plain_tokens(plain, tree) -> None:
     s = make_scheduler(speculative_algorithm="NGRAM", speculative_num_draft_tokens=6)
     misses = {"r0": 0, "r1": 1, "r2": 3, "r3": 99}  # r4: no script entry errs
+    s.spec.max_rows = None  # every draft verified (no CPU row budget)
     s.spec.proposer = prop = Scripted(plain, 6, misses, tree)
     submit(s)
     outs = run_all(s)
@@ -152,8 +153,21 @@ def test_ngram_gives_the_plain_tokens() -> None:
     reqs(off)
     want = ids_of(run_all(off))
     on = make_scheduler(speculative_algorithm="NGRAM")  # NOTE: the same runner: one at a time
+    rows: list[int] = []
+    forward = on.runner.forward
+
+    class Recording:  # the verify forwards' row counts (the CPU row budget holds)
+        def __getattr__(self, name: str) -> Any:
+            return getattr(on.runner, name)
+
+        def forward(self, fb: Any) -> Any:
+            rows.append(int(fb.input_ids.shape[0]))
+            return forward(fb)
+
+    on.spec.runner = Recording()
     reqs(on)
     assert ids_of(run_all(on)) == want
+    assert rows and max(rows) <= on.spec.max_rows == 16
     assert on.stats["spec_verify_steps"] > 0 and on.stats["spec_draft_tokens"] > 0
 
 
@@ -170,6 +184,7 @@ def test_stops_and_lengths_inside_committed_tokens(plain) -> None:
     def run(spec: bool) -> dict[str, list[int]]:
         s = make_scheduler(**({"speculative_algorithm": "NGRAM"} if spec else {}))
         if spec:
+            s.spec.max_rows = None  # every draft verified (no CPU row budget)
             s.spec.proposer = Scripted({k: ref for k in cases}, 8, {})
         for rid, extra in cases.items():
             s.handle(gen(rid, REQS[3][1], **{"max_new_tokens": REQS[3][2], **extra}))
@@ -184,6 +199,7 @@ def test_logprobs(plain) -> None:
     def run(spec: bool) -> dict[str, io.ReqOut]:
         s = make_scheduler(**({"speculative_algorithm": "NGRAM"} if spec else {}))
         if spec:
+            s.spec.max_rows = None  # every draft verified (no CPU row budget)
             s.spec.proposer = Scripted(plain, 5, {"r1": 2})
         for rid, ids, max_new in REQS[:3]:
             s.handle(gen(rid, ids, max_new_tokens=max_new, return_logprob=True,
@@ -205,6 +221,7 @@ def test_tiny_pool_retracts(plain) -> None:
     and resumed; draft slots never make a step fail."""
     s = make_scheduler(max_total_tokens=160, schedule_conservativeness=0.01,
                        speculative_algorithm="NGRAM")  # fmt: skip
+    s.spec.max_rows = None  # every draft verified (no CPU row budget)
     s.spec.proposer = Scripted(plain, 8, {"r2": 2})
     submit(s)
     assert ids_of(run_all(s)) == plain
@@ -213,6 +230,7 @@ def test_tiny_pool_retracts(plain) -> None:
 
 def test_chunked_prefill(plain) -> None:
     s = make_scheduler(chunked_prefill_size=16, speculative_algorithm="NGRAM")
+    s.spec.max_rows = None  # every draft verified (no CPU row budget)
     s.spec.proposer = Scripted(plain, 4, {"r0": 1})
     submit(s)
     assert ids_of(run_all(s)) == plain
@@ -263,6 +281,9 @@ def test_sampling_keeps_the_target_distribution() -> None:
             return DraftTree(torch.tensor(toks), torch.tensor([[-1, 0]] * len(reqs)), None,
                              self.kind)  # fmt: skip
 
+    s.spec.max_rows = None  # every draft verified (no CPU row budget)
+
+    s.spec.max_rows = None
     s.spec.proposer = Fixed()
     samples = 4000
     for k in range(samples):
