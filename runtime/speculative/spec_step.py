@@ -146,10 +146,11 @@ class SpeculativeStep:
 
     def plain_decode(self, batch: ScheduleBatch) -> None:
         """One token per request (no drafts), through the plain step and result path."""
-        self.results.apply(self.step.run(batch))
-        for req in batch.reqs:
+        out = self.step.run(batch)
+        for req in batch.reqs:  # NOTE: before `apply`, which queues the requests' outputs
             req.spec_verify_ct += 1
             req.spec_committed += 1
+        self.results.apply(out)
         self.stats["spec_verify_steps"] += 1
         self.stats["spec_committed_tokens"] += len(batch.reqs)
 
