@@ -94,9 +94,10 @@ class Scheduler:
                                      self.context_len, self.stats)  # fmt: skip
         self.intake = RequestIntake(self.queues, self.grammars, self.eos_ids, self.device,
                                     args.random_seed, args.queue_timeout)  # fmt: skip
+        resolved = {} if proposer is None else {"speculative_num_draft_tokens": proposer.num_nodes}
         self.info = SchedulerInfo(runner, self.step, self.queues, self.grammars, self.ratio,
                                   self.stats, lambda: self.idle, self.chunk_size,
-                                  self.eos_ids)  # fmt: skip
+                                  self.eos_ids, resolved)  # fmt: skip
 
     @property
     def idle(self) -> bool:

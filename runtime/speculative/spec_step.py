@@ -32,6 +32,7 @@ holds state for: those that left the batch get `release`). Scheduler thread only
 
 from __future__ import annotations
 
+import time
 from typing import Any, NamedTuple
 
 import torch
@@ -101,7 +102,7 @@ class SpeculativeStep:
         # above `SMALL_M` rows its linear layers leave the small-batch kernels: a verify step
         # keeps to that many rows there (`within_budget`).
         cpu = self.device.type == "cpu"
-        self.gate = DraftGate(min_accepted=1 if cpu else 0)
+        self.gate = DraftGate(min_accepted=1 if cpu else 0, adaptive=cpu)
         self.max_rows = SMALL_M if cpu else None
 
     # ---- the step ------------------------------------------------------------------------------
@@ -122,8 +123,13 @@ class SpeculativeStep:
             for i, req in enumerate(reqs)
         ]
         checked = self.within_budget(checked)
-        if all(len(c.kept) == 1 for c in checked) or not self.verify(batch, draft, checked, masks):
+        start = time.perf_counter()
+        verified = any(len(c.kept) > 1 for c in checked) and self.verify(
+            batch, draft, checked, masks
+        )
+        if not verified:
             self.plain_decode(batch)
+        self.gate.record(verified, time.perf_counter() - start)
         self.release_gone(self.queues.running)
 
     def check(self, req: Req, draft: DraftTree, i: int, mask: torch.Tensor | None) -> CheckedDraft:

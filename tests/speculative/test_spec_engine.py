@@ -44,7 +44,7 @@ def test_greedy_outputs_identical(greedy_pair, spec_engine) -> None:
     assert all(m["spec_verify_ct"] >= 1 for m in metas)
     for m in metas:  # every step commits 1 token at least; the first token comes from prefill
         assert m["spec_verify_ct"] * m["spec_accept_length"] == pytest.approx(31)
-    assert metas[0]["spec_accept_length"] > 1.5  # "5, 6, 7, ..." is drafted from the prompt
+    assert metas[0]["spec_accept_length"] > 1.0  # ", " after each number is drafted
     info = spec_engine.get_server_info()
     assert info["spec_committed_tokens"] > info["spec_verify_steps"] > 0
 

@@ -22,6 +22,7 @@ from radixlm.runtime.processes import io
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.scheduler.scheduler import Scheduler
 from radixlm.runtime.server_args import ServerArgs
+from radixlm.runtime.speculative.gate import DraftGate
 from radixlm.runtime.speculative.proposer import Proposer
 from radixlm.runtime.speculative.tree_accept import DraftKind, DraftTree
 
@@ -71,6 +72,13 @@ def run_all(s: Scheduler) -> dict[str, io.ReqOut]:
     resp = s.handle(io.ControlReq("check_invariants", 0))
     assert resp is not None and resp.ok, resp
     return merged
+
+
+def every_draft(s: Scheduler) -> None:
+    """Verify every draft: no CPU row budget, no back-off (deterministic acceptance figures)."""
+    assert s.spec is not None
+    s.spec.max_rows = None
+    s.spec.gate = DraftGate(min_accepted=0)
 
 
 def ids_of(outs: dict[str, io.ReqOut]) -> dict[str, list[int]]:
@@ -132,7 +140,7 @@ def plain() -> dict[str, list[int]]:
 def test_drafts_of_every_quality_give_the_plain_tokens(plain, tree) -> None:
     s = make_scheduler(speculative_algorithm="NGRAM", speculative_num_draft_tokens=6)
     misses = {"r0": 0, "r1": 1, "r2": 3, "r3": 99}  # r4: no script entry errs
-    s.spec.max_rows = None  # every draft verified (no CPU row budget)
+    every_draft(s)
     s.spec.proposer = prop = Scripted(plain, 6, misses, tree)
     submit(s)
     outs = run_all(s)
@@ -184,7 +192,7 @@ def test_stops_and_lengths_inside_committed_tokens(plain) -> None:
     def run(spec: bool) -> dict[str, list[int]]:
         s = make_scheduler(**({"speculative_algorithm": "NGRAM"} if spec else {}))
         if spec:
-            s.spec.max_rows = None  # every draft verified (no CPU row budget)
+            every_draft(s)
             s.spec.proposer = Scripted({k: ref for k in cases}, 8, {})
         for rid, extra in cases.items():
             s.handle(gen(rid, REQS[3][1], **{"max_new_tokens": REQS[3][2], **extra}))
@@ -199,7 +207,7 @@ def test_logprobs(plain) -> None:
     def run(spec: bool) -> dict[str, io.ReqOut]:
         s = make_scheduler(**({"speculative_algorithm": "NGRAM"} if spec else {}))
         if spec:
-            s.spec.max_rows = None  # every draft verified (no CPU row budget)
+            every_draft(s)
             s.spec.proposer = Scripted(plain, 5, {"r1": 2})
         for rid, ids, max_new in REQS[:3]:
             s.handle(gen(rid, ids, max_new_tokens=max_new, return_logprob=True,
@@ -221,7 +229,7 @@ def test_tiny_pool_retracts(plain) -> None:
     and resumed; draft slots never make a step fail."""
     s = make_scheduler(max_total_tokens=160, schedule_conservativeness=0.01,
                        speculative_algorithm="NGRAM")  # fmt: skip
-    s.spec.max_rows = None  # every draft verified (no CPU row budget)
+    every_draft(s)
     s.spec.proposer = Scripted(plain, 8, {"r2": 2})
     submit(s)
     assert ids_of(run_all(s)) == plain
@@ -230,7 +238,7 @@ def test_tiny_pool_retracts(plain) -> None:
 
 def test_chunked_prefill(plain) -> None:
     s = make_scheduler(chunked_prefill_size=16, speculative_algorithm="NGRAM")
-    s.spec.max_rows = None  # every draft verified (no CPU row budget)
+    every_draft(s)
     s.spec.proposer = Scripted(plain, 4, {"r0": 1})
     submit(s)
     assert ids_of(run_all(s)) == plain
@@ -281,7 +289,7 @@ def test_sampling_keeps_the_target_distribution() -> None:
             return DraftTree(torch.tensor(toks), torch.tensor([[-1, 0]] * len(reqs)), None,
                              self.kind)  # fmt: skip
 
-    s.spec.max_rows = None  # every draft verified (no CPU row budget)
+    every_draft(s)
 
     s.spec.max_rows = None
     s.spec.proposer = Fixed()
