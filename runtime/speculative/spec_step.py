@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from radixlm.runtime.distributed.state import parallel_state
 from radixlm.runtime.mem.kv_pool import SlotAllocator
 from radixlm.runtime.mem.prefix_cache import PrefixCache
 from radixlm.runtime.models.cpu_linear import SMALL_M
@@ -102,7 +103,9 @@ class SpeculativeStep:
         # above `SMALL_M` rows its linear layers leave the small-batch kernels: a verify step
         # keeps to that many rows there (`within_budget`).
         cpu = self.device.type == "cpu"
-        self.gate = DraftGate(min_accepted=1 if cpu else 0, adaptive=cpu)
+        # NOTE: tensor-parallel ranks must take the same path: no wall-time decisions there.
+        adaptive = cpu and not parallel_state().is_parallel
+        self.gate = DraftGate(min_accepted=1 if cpu else 0, adaptive=adaptive)
         self.max_rows = SMALL_M if cpu else None
 
     # ---- the step ------------------------------------------------------------------------------
