@@ -192,7 +192,11 @@ class Scheduler:
     # ---- forward -------------------------------------------------------------------------------
     def run_batch(self, batch: ScheduleBatch) -> None:
         if batch.mode == ForwardMode.EXTEND:
-            self.results.apply(self.step.run(batch))
+            spec = self.spec
+            out = self.step.run(batch, keep_hidden=spec is not None and spec.needs_hidden)
+            self.results.apply(out)
+            if spec is not None:
+                spec.on_extended(batch.reqs, out.hidden)
             return
         if self.allocator.available() + self.cache.evictable_size() < len(batch.reqs):
             self.retract_for_decode()

@@ -131,7 +131,7 @@ class SpeculativeStep:
             batch, draft, checked, masks
         )
         if not verified:
-            self.plain_decode(batch)
+            self.plain_decode(batch, width)
         self.gate.record(verified, time.perf_counter() - start)
         self.release_gone(self.queues.running)
 
@@ -153,13 +153,16 @@ class SpeculativeStep:
         width = max(1, self.max_rows // max(len(checked), 1))
         return [CheckedDraft(c.kept[:width], c.tokens[:width], c.parents[:width]) for c in checked]
 
-    def plain_decode(self, batch: ScheduleBatch) -> None:
-        """One token per request (no drafts), through the plain step and result path."""
-        out = self.step.run(batch)
+    def plain_decode(self, batch: ScheduleBatch, width: int) -> None:
+        """One token per request (no drafts), through the plain step and result path; the
+        proposer hears of it as of a verify step of root-only trees (`plain_result`)."""
+        out = self.step.run(batch, keep_hidden=self.needs_hidden)
         for req in batch.reqs:  # NOTE: before `apply`, which queues the requests' outputs
             req.spec_verify_ct += 1
             req.spec_committed += 1
         self.results.apply(out)
+        assert out.next_ids is not None
+        self.proposer.on_verified(batch.reqs, *plain_result(out.next_ids, out.hidden, width))
         self.stats["spec_verify_steps"] += 1
         self.stats["spec_committed_tokens"] += len(batch.reqs)
 
@@ -276,6 +279,21 @@ class SpeculativeStep:
             self.allocator.free(row[keep : req.computed].to(torch.int64))
             req.computed = keep
 
+    @property
+    def needs_hidden(self) -> bool:
+        return self.proposer.needs_hidden
+
+    def on_extended(self, reqs: list[Req], hidden: torch.Tensor | None) -> None:
+        """After an extend step (a prefill, a chunk of one, a re-queued request's extend):
+        `proposer.on_prefilled` with the forward's output rows (the extend's logits rows: each
+        request's last row when its prompt is complete, and input-logprob rows), then `release`
+        for those that finished there."""
+        for req in reqs:
+            self.active[req.rid] = req
+        self.proposer.on_prefilled(reqs, hidden)
+        chunked = self.queues.chunked
+        self.release_gone(self.queues.running + ([chunked] if chunked is not None else []))
+
     def release_gone(self, keep: list[Req]) -> None:
         """`release` the proposer's state of requests no longer in `keep`."""
         ids = {r.rid for r in keep}
@@ -330,3 +348,22 @@ def in_proposer_layout(
         full[rows[valid], kept.to(hidden.device)[valid]] = hidden.view(bsz, n, -1)[valid]
         full = full.view(bsz * width, -1)
     return mapped, full
+
+
+def plain_result(
+    next_ids: torch.Tensor, hidden: torch.Tensor | None, width: int
+) -> tuple[TreeAcceptResult, torch.Tensor | None]:
+    """A plain decode step as a verify step of root-only trees of `width` nodes: path [0],
+    nothing accepted, the sampled token as the bonus; hidden rows at each tree's root."""
+    bsz = next_ids.shape[0]
+    path = torch.full((bsz, width), -1, dtype=torch.int64, device=next_ids.device)
+    path[:, 0] = 0
+    tokens = path.clone()
+    tokens[:, 0] = next_ids
+    result = TreeAcceptResult(path, torch.zeros_like(next_ids), tokens, None)
+    full = None
+    if hidden is not None:
+        full = hidden.new_zeros(bsz, width, hidden.shape[-1])
+        full[:, 0] = hidden
+        full = full.view(bsz * width, -1)
+    return result, full

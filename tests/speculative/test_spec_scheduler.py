@@ -95,6 +95,8 @@ class Scripted(Proposer):
                  tree: bool = False) -> None:  # fmt: skip
         self.script, self.num_nodes, self.miss, self.tree = script, num_nodes, miss, tree
         self.released: list[str] = []
+        self.prefilled: set[str] = set()
+        self.committed: dict[str, list[int]] = {}
 
     def propose(self, reqs: Sequence[Any]) -> DraftTree:
         n = self.num_nodes
@@ -116,6 +118,23 @@ class Scripted(Proposer):
             tokens[i, : len(toks)] = torch.tensor(toks)
             parents[i, : len(pars)] = torch.tensor(pars)
         return DraftTree(tokens, parents, None, self.kind)
+
+    needs_hidden = True  # exercises the hidden-state layout of the hooks
+
+    def on_prefilled(self, reqs: Sequence[Any], hidden: Any) -> None:
+        self.prefilled.update(r.rid for r in reqs)
+        assert hidden is not None  # the extend's logits rows (none for a prompt's inner chunk)
+
+    def on_verified(self, reqs: Sequence[Any], result: Any, hidden: Any) -> None:
+        """Every decode step, plain or verify: the committed tokens, in this proposer's layout."""
+        b, n = len(reqs), self.num_nodes
+        assert result.path.shape == (b, n) and hidden.shape[0] == b * n
+        rows = hidden.view(b, n, -1)
+        for i, req in enumerate(reqs):
+            a = int(result.num_accepted[i])
+            path = result.path[i, : a + 1].tolist()
+            assert all(rows[i, j].abs().sum() > 0 for j in path)  # verified rows are real
+            self.committed.setdefault(req.rid, []).extend(result.tokens[i, : a + 1].tolist())
 
     def release(self, req: Any) -> None:
         self.released.append(req.rid)
@@ -149,6 +168,9 @@ def test_drafts_of_every_quality_give_the_plain_tokens(plain, tree) -> None:
     assert accept["r0"] == 1.0 < accept["r1"] < accept["r2"] < accept["r3"]
     assert s.stats["spec_committed_tokens"] > s.stats["spec_verify_steps"]
     assert sorted(prop.released) == sorted(plain)  # every finished request was released
+    assert prop.prefilled == set(plain)
+    # the hooks saw every committed token (a step may commit past max_new_tokens: cut after)
+    assert all(prop.committed[r][: len(ids) - 1] == ids[1:] for r, ids in plain.items())
 
 
 def test_ngram_gives_the_plain_tokens() -> None:
