@@ -317,7 +317,7 @@ def test_sampling_keeps_the_target_distribution() -> None:
 
     s.spec.max_rows = None
     s.spec.proposer = Fixed()
-    samples = 4000
+    samples = 3000
     for k in range(samples):
         s.handle(gen(f"s{k}", ids, seed=k, **sp))
     outs = run_all(s)
