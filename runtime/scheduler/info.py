@@ -27,6 +27,11 @@ def new_stats() -> dict[str, Any]:
         "generated_tokens": 0,
         "retracted": 0,
         "overlapped_steps": 0,
+        # Speculative decoding (spec_step.py): decode steps with an algorithm set, the draft
+        # tokens they verified (after the grammar/length checks) and the tokens they committed.
+        "spec_verify_steps": 0,
+        "spec_draft_tokens": 0,
+        "spec_committed_tokens": 0,
         # Wall time of the loop iterations that ran a forward, by kind (an extend iteration
         # ends at its tokens' read-back; an overlapped decode iteration launches one step
         # and reads the previous one).
@@ -49,6 +54,7 @@ class SchedulerInfo:
         is_idle: Callable[[], bool],
         chunk_size: int | None,
         eos_ids: tuple[int, ...],
+        resolved: dict[str, Any] | None = None,
     ) -> None:
         self.runner = runner
         self.step = step
@@ -59,6 +65,7 @@ class SchedulerInfo:
         self.is_idle = is_idle
         self.chunk_size = chunk_size
         self.eos_ids = eos_ids
+        self.resolved = resolved or {}  # flags whose default was resolved here (e.g. speculative)
         self.cache = step.cache
         self.allocator = step.allocator
 
@@ -79,6 +86,7 @@ class SchedulerInfo:
             "num_layers": cfg.num_hidden_layers,
             "hidden_size": cfg.hidden_size,
             "tp_size": parallel_state().tp_size,
+            **self.resolved,
         }
 
     def load_info(self) -> dict[str, Any]:

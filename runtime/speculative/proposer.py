@@ -10,6 +10,19 @@ Data flow of one speculative step over a batch of decoding requests:
     -> proposer.on_verified(reqs, result, hidden) (a draft model extends its own state)
 A request that leaves the running batch (finished, aborted, retracted) gets `release(req)`.
 
+What the speculative step (spec_step.py) guarantees a proposer:
+- `propose` is called once per decode step with every running request; the tree it returns may
+  be cut before verification (depth left to the request, its grammar, the CPU row budget), never
+  reordered. `result` in `on_verified` uses the proposer's own node numbering (cut nodes never
+  appear on a path) and `hidden` its layout ([B * N, H], zero rows for cut nodes).
+- Every decode step ends with `on_verified`: a step that verified no draft (nothing proposed,
+  everything cut, or no KV room) is reported as root-only trees (path [0], the sampled token as
+  the bonus, `hidden` at each root's row). So the committed tokens of all steps reach the hooks.
+- Every extend step (a prefill, a chunk of one, the re-extend of a retracted or jump-forwarded
+  request) calls `on_prefilled` with the forward's output rows: the extend's logits rows, i.e.
+  each request's last prompt row once its prompt is complete (and any input-logprob rows);
+  an inner chunk has none.
+
 Ownership: a proposer owns its own state only (an n-gram index, a draft model's KV pool and its
 per-request rows); it never touches the target's `req_to_token`, allocator or radix cache. It runs
 on the scheduler thread; nothing here is thread-safe.
