@@ -200,6 +200,12 @@ class ServerArgs:
                 f"speculative_algorithm {algo} needs speculative_draft_model_path",
                 "speculative_draft_model_path",
             )
+        if algo is not None and self.tp_size > 1:
+            # NOTE: the lock-step protocol (runtime/distributed/leader.py) carries no tree mask yet.
+            raise InvalidRequestError(
+                "speculative decoding with tp_size > 1 is not supported yet",
+                "speculative_algorithm",
+            )
         for name in ("speculative_num_steps", "speculative_eagle_topk",
                      "speculative_num_draft_tokens"):  # fmt: skip
             value = getattr(self, name)

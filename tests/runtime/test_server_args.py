@@ -110,6 +110,7 @@ def test_resolving_does_not_import_torch_in_the_users_process():
         ({"speculative_algorithm": "MEDUSA"}, "speculative_algorithm"),
         ({"speculative_algorithm": "EAGLE"}, "speculative_draft_model_path"),
         ({"speculative_num_steps": 0}, "speculative_num_steps"),
+        ({"speculative_algorithm": "NGRAM", "tp_size": 2}, "speculative_algorithm"),
         ({"speculative_ngram_min_match_window_size": 5,
           "speculative_ngram_max_match_window_size": 2}, "speculative_ngram_min_match_window_size"),
     ],
