@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 
 import psutil
 import torch
@@ -104,7 +105,14 @@ def _default_dtype(dtype: torch.dtype):
 
 
 class ModelRunner:
-    def __init__(self, args: ServerArgs, source: ModelSource) -> None:
+    def __init__(
+        self,
+        args: ServerArgs,
+        source: ModelSource,
+        on_loaded: Callable[[torch.nn.Module], None] | None = None,
+    ) -> None:
+        """`on_loaded(model)` runs right after the weights load, before the KV pool, warm-up and
+        CUDA graphs (a draft head binds the target's embedding there)."""
         self.args = args = args.resolved()  # NOTE: a no-op in a child (launch resolved them)
         self.config = source.config
         # NOTE: at TP > 1 this rank's model, KV pool and attention have its own head counts and
@@ -122,6 +130,8 @@ class ModelRunner:
         cuda = self.device.type == "cuda"
         check_fp8_support(args, torch.cuda.get_device_capability(self.device) if cuda else None)
         self.model = self._load_model(source)
+        if on_loaded is not None:
+            on_loaded(self.model)
         self.kv_pool, self.req_to_token = self._init_memory()
         self.attn = self._make_attention_backend()
         self.gemm_choices: dict = {}
@@ -191,9 +201,9 @@ class ModelRunner:
         return model.eval()
 
     def _to_model(self, name: str, t: torch.Tensor) -> torch.Tensor:
-        """A checkpoint tensor on the device, in the model dtype; FP8 weights keep their dtype
-        and FP8 scales become fp32."""
-        if t.dtype == torch.float8_e4m3fn:
+        """A checkpoint tensor on the device, in the model dtype; FP8 weights keep their dtype,
+        FP8 scales become fp32, integer and bool tensors (an EAGLE-3 head's d2t) keep theirs."""
+        if t.dtype == torch.float8_e4m3fn or not (t.is_floating_point() or t.is_complex()):
             return t.to(self.device)
         if name.endswith("_scale"):
             return t.to(self.device, torch.float32)
@@ -277,10 +287,29 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Final hidden states of the rows `batch.logits_indices` (all rows when None)."""
-        if self.graphs is not None and self.graphs.can_run(batch):
+        capturing = getattr(self.model, "capture", None) is not None
+        if self.graphs is not None and not capturing and self.graphs.can_run(batch):
             return self.graphs.replay(batch)
         self.attn.init_forward_metadata(batch)
         return self.model(batch, self.attn)
+
+    def set_hidden_capture(self, layers: tuple[int, ...] | None) -> None:
+        """Turn the target's hidden-state capture for a draft head on (`layers`: the model's
+        `capture`, see LlamaForCausalLM) or off (None). While on, forwards run eager (no decode
+        graph) and `take_hidden` returns each forward's captured rows."""
+        if layers is not None and not hasattr(self.model, "_forward_capturing"):
+            raise InvalidRequestError(
+                f"{self.config.architecture} cannot give hidden states to a draft head",
+                "speculative_algorithm",
+            )
+        self.model.capture = layers
+        self.model.captured = None
+
+    def take_hidden(self) -> torch.Tensor | None:
+        """The hidden states captured by the last forward ([T, k * H], every row of its batch in
+        row order), handed over once; None when capture is off."""
+        out, self.model.captured = getattr(self.model, "captured", None), None
+        return out
 
     def decode_input_buffer(self, bs: int) -> torch.Tensor:
         """Where a decode batch of `bs` requests assembles its inputs (`[5, bs]` int64, rows as

@@ -1,0 +1,101 @@
+"""Building a draft-model proposer from the server arguments (`--speculative-algorithm STANDALONE /
+EAGLE / EAGLE3`, `--speculative-draft-model-path`, the tree flags) next to the target's runner.
+
+The draft gets a `ModelRunner` of its own, built from the target's arguments with the draft's
+path and: a KV pool of the target's slots plus `max_running * topk * num_steps` for tree nodes
+(the draft holds at most the running requests' tokens, which the target's pool also holds;
+where it runs out, requests propose less), `topk` `req_to_token` rows per running request, a
+context `num_steps + 1` longer (tree nodes past the last position), and CUDA graphs for its draft
+steps (STANDALONE; a draft head runs eager: its graphs would need a static feature input).
+An EAGLE head is bound to the target's token embedding and logits, and the target captures the
+hidden states the head reads (`ModelRunner.set_hidden_capture`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from radixlm.runtime.errors import InvalidRequestError
+from radixlm.runtime.models.loader import resolve_model
+from radixlm.runtime.speculative.draft_worker import DraftModelProposer, DraftShape
+
+if TYPE_CHECKING:
+    from radixlm.runtime.executor.model_runner import ModelRunner
+    from radixlm.runtime.server_args import ServerArgs
+
+DRAFT_ALGORITHMS = ("STANDALONE", "EAGLE", "EAGLE3")
+HEAD_ARCHITECTURES = {"EAGLE": "LlamaForCausalLMEagle", "EAGLE3": "LlamaForCausalLMEagle3"}
+DEFAULT_NUM_STEPS = 3
+
+
+def draft_shape(args: ServerArgs) -> DraftShape:
+    """The tree flags with their defaults: 3 steps, topk 1 (a chain), every chain node."""
+    steps = args.speculative_num_steps or DEFAULT_NUM_STEPS
+    return DraftShape.of(steps, args.speculative_eagle_topk or 1, args.speculative_num_draft_tokens)
+
+
+def build_draft_proposer(args: ServerArgs, target: ModelRunner) -> DraftModelProposer:
+    """The proposer for `args.speculative_algorithm` (one of DRAFT_ALGORITHMS). Raises
+    InvalidRequestError naming the flag when the draft does not fit the algorithm or the target."""
+    from radixlm.runtime.executor.model_runner import ModelRunner
+    from radixlm.runtime.models.eagle import DraftHead
+
+    algo = args.speculative_algorithm
+    if algo not in DRAFT_ALGORITHMS:
+        raise InvalidRequestError(
+            f"{algo!r} is not a draft-model algorithm", "speculative_algorithm"
+        )
+    if args.tp_size != 1:
+        raise InvalidRequestError(
+            f"speculative_algorithm {algo} runs at tp_size 1 only", "speculative_algorithm"
+        )
+    path = args.speculative_draft_model_path
+    # NOTE: `--load-format dummy` (random weights for speed tests) gives a STANDALONE draft random
+    # weights of its config too; a draft head always loads its checkpoint.
+    dummy = args.load_format == "dummy" and algo == "STANDALONE"
+    source = resolve_model(path, "dummy" if dummy else "auto")
+    arch = source.config.architecture
+    want = HEAD_ARCHITECTURES.get(algo)
+    if want is not None and arch != want:
+        raise InvalidRequestError(
+            f"speculative_algorithm {algo} needs a {want} draft head; {path} is {arch}",
+            "speculative_draft_model_path",
+        )
+    if want is None and arch in HEAD_ARCHITECTURES.values():
+        raise InvalidRequestError(
+            f"{path} is a draft head ({arch}): use speculative_algorithm "
+            f"{'EAGLE3' if arch.endswith('3') else 'EAGLE'}",
+            "speculative_draft_model_path",
+        )
+    if source.config.vocab_size != target.config.vocab_size:
+        raise InvalidRequestError(
+            f"the draft's vocabulary ({source.config.vocab_size}) differs from the target's "
+            f"({target.config.vocab_size})",
+            "speculative_draft_model_path",
+        )
+    shape = draft_shape(args)
+    eagle = want is not None
+    extra = target.max_running * shape.topk * shape.num_steps
+    draft_args = args.replace(
+        model_path=path,
+        load_format=source.load_format,
+        quantization=None if eagle else args.quantization,
+        speculative_algorithm=None,
+        speculative_draft_model_path=None,
+        max_total_tokens=target.kv_pool.num_slots + extra,
+        max_running_requests=target.max_running * shape.topk,
+        context_length=target.context_len + shape.num_steps + 1,
+        disable_cuda_graph=args.disable_cuda_graph or eagle,
+        cuda_graph_max_bs=None
+        if args.cuda_graph_max_bs is None
+        else args.cuda_graph_max_bs * shape.topk,
+    )
+
+    def bind(model) -> None:
+        if isinstance(model, DraftHead):
+            model.bind_target(target.model.embed_tokens, target.compute_logits)
+
+    runner = ModelRunner(draft_args, source, on_loaded=bind)
+    if eagle:
+        target.set_hidden_capture(runner.model.capture_layers(target.config.num_hidden_layers))
+    return DraftModelProposer(runner, shape, eagle)

@@ -1,0 +1,327 @@
+"""`DraftModelProposer`: draft trees from a draft model (STANDALONE: a small causal LM with the
+target's vocabulary; EAGLE / EAGLE3: a draft head on the target's hidden states).
+
+The draft runs in a `ModelRunner` of its own (draft_setup.py builds it): its weights, its KV pool,
+its `req_to_token` (`topk` rows per request) and its attention backend (and, for a STANDALONE
+draft on GPU, its decode CUDA graphs, which the draft steps replay). Per request it keeps a
+`ReqDraftState` (draft_state.py). One `propose` over a batch:
+
+1. catch up: one EXTEND forward over every request's rows not yet in the draft (the prompt the
+   first time; the tokens committed by the last verify step after that), ending with the
+   frontier row, whose output is the root's draft distribution (STANDALONE: the root token itself;
+   EAGLE: the target feature before the root with the root token). Those rows are committed
+   draft KV, kept until the request is released or its tokens change.
+2. expand: `num_steps - 1` DECODE forwards over `topk` frontier nodes per request (the top-k
+   expansion of draft_tree.py), each node on its own branch row of `req_to_token` (the committed
+   slots, its ancestors' tree slots, its own); the tree slots are freed when the proposal is made.
+3. `select_tree` keeps the best `num_nodes - 1` candidates (EAGLE-2's reranking).
+
+EAGLE heads need the target's features of every committed position: `on_prefilled` queues those of
+the prompt's rows, `on_verified` those of the root and the accepted nodes (the rows the target
+computed); the catch-up consumes them. A request whose rows cannot be caught up (no features yet,
+draft KV or rows exhausted, the context full) gets its root alone: speculation never fails a
+request, it only proposes less.
+
+Ownership: the proposer owns the draft runner and every draft slot and row; it reads the requests'
+`fill_ids` and never touches the target's memory. Scheduler thread only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
+from radixlm.runtime.speculative.draft_state import ReqDraftState
+from radixlm.runtime.speculative.draft_tree import (
+    CandidateSet,
+    max_candidates,
+    root_only,
+    select_tree,
+)
+from radixlm.runtime.speculative.proposer import Proposer
+from radixlm.runtime.speculative.tree_accept import DraftKind, DraftTree, TreeAcceptResult
+
+if TYPE_CHECKING:
+    from radixlm.runtime.executor.model_runner import ModelRunner
+    from radixlm.runtime.scheduler.req import Req
+
+
+@dataclass(frozen=True)
+class DraftShape:
+    """The tree a draft model proposes: `num_steps` draft forwards deep, `topk` children per
+    expanded node, `num_nodes` nodes verified (the root included)."""
+
+    num_steps: int
+    topk: int
+    num_nodes: int
+
+    @classmethod
+    def of(cls, num_steps: int, topk: int, num_draft_tokens: int | None) -> DraftShape:
+        """`num_draft_tokens` None: the whole chain for topk 1, else 8 (SGLang's default);
+        capped by the nodes the expansion can draw."""
+        most = 1 + max_candidates(topk, num_steps)
+        wanted = num_draft_tokens or (num_steps + 1 if topk == 1 else 8)
+        return cls(num_steps, topk, min(wanted, most))
+
+
+class _Catchup:
+    """One request's rows in the catch-up forward."""
+
+    def __init__(self, index: int, state: ReqDraftState, tokens: list[int], feats) -> None:
+        self.index = index  # in the proposal's batch
+        self.state = state
+        self.tokens = tokens
+        self.feats = feats
+        self.first = state.next_position  # position of the first new row
+        self.prefix = state.num_rows  # rows already held
+
+
+class DraftModelProposer(Proposer):
+    kind = DraftKind.DETERMINISTIC
+
+    def __init__(self, runner: ModelRunner, shape: DraftShape, eagle: bool) -> None:
+        self.runner = runner
+        self.shape = shape
+        self.num_nodes = shape.num_nodes
+        self.needs_hidden = eagle
+        self.shift = 1 if eagle else 0
+        self.model = runner.model
+        self.states: dict[str, ReqDraftState] = {}
+
+    # ---- bookkeeping -----------------------------------------------------------------------------
+    def release(self, req: Req) -> None:
+        st = self.states.pop(req.rid, None)
+        if st is not None:
+            self._free(st)
+
+    def _free(self, st: ReqDraftState) -> None:
+        self.runner.kv_pool.allocator.free(st.all_slots().to(self.runner.device))
+        for row in st.rows:
+            self.runner.req_to_token.free(row)
+        st.rows, st.tokens, st.slots = [], [], []
+
+    def on_prefilled(self, reqs: Sequence[Req], hidden: torch.Tensor | None) -> None:
+        """`hidden`: each request's `extend_len` rows in `reqs` order, positions
+        `[computed - extend_len, computed)` (called after the step advanced `computed`)."""
+        if not self.needs_hidden or hidden is None:
+            return
+        offset = 0
+        for req in reqs:
+            n = req.extend_len
+            self._queue_features(req, req.computed - n, hidden[offset : offset + n])
+            offset += n
+
+    def on_verified(
+        self, reqs: Sequence[Req], result: TreeAcceptResult, hidden: torch.Tensor | None
+    ) -> None:
+        """Queue the target's features of each request's root and accepted nodes."""
+        if not self.needs_hidden or hidden is None:
+            return
+        n = self.num_nodes
+        for i, req in enumerate(reqs):
+            st = self.states.get(req.rid)
+            if st is None:
+                continue
+            a = int(result.num_accepted[i])
+            rows = result.path[i, : a + 1].to(hidden.device) + i * n
+            self._queue_features(req, st.next_position + st.num_features, hidden[rows])
+
+    def _queue_features(self, req: Req, position: int, feats: torch.Tensor) -> None:
+        st = self.states.get(req.rid)
+        if st is not None and position != st.next_position + st.num_features:
+            self.release(req)  # not contiguous (a retraction, a rewrite): start over from here
+            st = None
+        if st is None:
+            st = self.states[req.rid] = ReqDraftState(start=position)
+        st.features.append(feats.detach().clone())
+
+    def _sync(self, req: Req) -> ReqDraftState | None:
+        """The request's state, checked against its tokens: rows whose token changed are dropped
+        (STANDALONE redraws from there; an EAGLE head starts over, its features are gone)."""
+        st = self.states.get(req.rid)
+        if st is None:
+            if self.needs_hidden:
+                return None  # no target features yet
+            st = self.states[req.rid] = ReqDraftState(start=0)
+        fill = req.fill_ids
+        lo = st.start + self.shift
+        if fill[lo : lo + st.num_rows] == st.tokens:
+            return st
+        if self.needs_hidden:
+            self.release(req)
+            return None
+        keep = 0
+        for keep, (a, b) in enumerate(zip(fill[lo:], st.tokens)):  # noqa: B007
+            if a != b:
+                break
+        self.runner.kv_pool.allocator.free(st.truncate(keep).to(self.runner.device))
+        return st
+
+    # ---- proposal --------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def propose(self, reqs: Sequence[Req]) -> DraftTree:
+        device = self.runner.device
+        roots = torch.tensor([r.fill_ids[-1] for r in reqs], dtype=torch.int64, device=device)
+        tree = root_only(roots, self.num_nodes)
+        work = self._plan_catchup(reqs)
+        if not work:
+            return tree
+        k, steps = self.shape.topk, self.shape.num_steps
+        tree_slots = self.runner.kv_pool.allocator.alloc(len(work) * k * (steps - 1))
+        if tree_slots is None:
+            return tree
+        try:
+            out = self._catchup(work)
+            cands = self._expand(work, out, tree_slots.view(len(work), k, steps - 1))
+        finally:
+            self.runner.kv_pool.allocator.free(tree_slots)
+        index = torch.tensor([w.index for w in work], dtype=torch.int64, device=device)
+        active = torch.ones(len(work), dtype=torch.bool, device=device)
+        drafted = select_tree(cands, roots[index], active, self.num_nodes)
+        tree.tokens[index] = drafted.tokens
+        tree.parents[index] = drafted.parents
+        return tree
+
+    def _plan_catchup(self, reqs: Sequence[Req]) -> list[_Catchup]:
+        """The requests that can draft this step and their catch-up rows (slots allocated)."""
+        runner, k = self.runner, self.shape.topk
+        limit = runner.req_to_token.max_context - self.shape.num_steps
+        work = []
+        for i, req in enumerate(reqs):
+            st = self._sync(req)
+            if st is None:
+                continue
+            frontier = req.seqlen - 1 - self.shift  # its output is the root's draft distribution
+            first = st.next_position
+            if frontier < first:  # proposed twice without a commit: redo the frontier row
+                runner.kv_pool.allocator.free(st.truncate(frontier - st.start).to(runner.device))
+                first = st.next_position
+            count = frontier - first + 1
+            if count <= 0 or frontier - st.start >= limit:
+                continue
+            if self.needs_hidden and st.num_features < count:
+                continue
+            if not st.rows:
+                if runner.req_to_token.available() < k:
+                    continue
+                st.rows = [runner.req_to_token.alloc() for _ in range(k)]
+            slots = runner.kv_pool.allocator.alloc(count)
+            if slots is None:
+                self.release(req)
+                continue
+            feats = st.take_features(count) if self.needs_hidden else None
+            fill = req.fill_ids
+            tokens = fill[first + self.shift : frontier + self.shift + 1]
+            w = _Catchup(i, st, tokens, feats)
+            rows = torch.tensor(st.rows, dtype=torch.int64, device=runner.device)
+            runner.req_to_token.table[rows, w.prefix : w.prefix + count] = slots.to(torch.int32)
+            st.tokens.extend(tokens)
+            st.slots.append(slots)
+            work.append(w)
+        return work
+
+    def _catchup(self, work: list[_Catchup]) -> torch.Tensor:
+        """The catch-up EXTEND forward; the draft output of each request's frontier row."""
+        dev = self.runner.device
+        lens = [len(w.tokens) for w in work]
+        prefix = [w.prefix for w in work]
+        seq = [p + n for p, n in zip(prefix, lens)]
+        starts = [0]
+        for n in lens[:-1]:
+            starts.append(starts[-1] + n)
+        last = [s + n - 1 for s, n in zip(starts, lens)]
+        t = lambda v: torch.tensor(v, dtype=torch.int64, device=dev)  # noqa: E731
+        positions = [w.first + j for w, n in zip(work, lens) for j in range(n)]
+        batch = ForwardBatch(
+            mode=ForwardMode.EXTEND,
+            batch_size=len(work),
+            input_ids=t([tok for w in work for tok in w.tokens]),
+            positions=t(positions),
+            out_cache_loc=torch.cat([w.state.slots[-1] for w in work]).to(dev),
+            req_pool_indices=t([w.state.rows[0] for w in work]),
+            seq_lens=t(seq),
+            seq_lens_cpu=seq,
+            extend_prefix_lens_cpu=prefix,
+            extend_seq_lens_cpu=lens,
+            extend_prefix_lens=t(prefix),
+            extend_seq_lens=t(lens),
+            extend_start_loc=t(starts),
+            logits_indices=t(last),
+            logits_indices_cpu=last,
+            spec_features=torch.cat([w.feats for w in work]) if self.needs_hidden else None,
+        )
+        return self.runner.forward(batch)
+
+    def _draft_step(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(log-probabilities [rows, Vd], next features) of draft outputs `out`."""
+        if self.needs_hidden:
+            logit_in, feats = self.model.split_output(out)
+        else:
+            logit_in, feats = out, None
+        logits = self.runner.compute_logits(logit_in).float()
+        return torch.log_softmax(logits, dim=-1).clamp(max=0.0), feats
+
+    def _expand(self, work: list[_Catchup], out: torch.Tensor, slots: torch.Tensor) -> CandidateSet:
+        """The top-k expansion (draft_tree.py) from the frontier rows' outputs `out`; `slots`
+        [A, topk, num_steps - 1] holds each branch's tree slot per step."""
+        dev, k = self.runner.device, self.shape.topk
+        a = len(work)
+        table = self.runner.req_to_token.table
+        to_target = self.model.to_target_ids if self.needs_hidden else (lambda ids: ids)
+        logp, feats = self._draft_step(out)
+        top = logp.topk(k, dim=-1)
+        draft_ids, scores = top.indices, top.values  # [A, k]
+        tokens = [to_target(draft_ids)]
+        score_list = [scores]
+        parent_list = [torch.full((a, k), -1, dtype=torch.int64, device=dev)]
+        cand = torch.arange(k, device=dev).expand(a, k)  # frontier nodes' candidate numbers
+        frontier_tokens = tokens[0]
+        branch_rows = torch.tensor([w.state.rows for w in work], dtype=torch.int64, device=dev)
+        base = torch.tensor([w.prefix + len(w.tokens) for w in work], dtype=torch.int64, device=dev)
+        frontier = torch.tensor([w.first + len(w.tokens) - 1 for w in work], device=dev)
+        parent_branch = None
+        if feats is not None:
+            feats = feats[:, None].expand(a, k, feats.shape[-1])
+        for d in range(1, self.shape.num_steps):
+            if parent_branch is not None and d >= 2:  # a new frontier node takes its parent's path
+                cols = base[:, None] + torch.arange(d - 1, device=dev)
+                src = table[branch_rows.gather(1, parent_branch)[:, :, None], cols[:, None, :]]
+                table[branch_rows[:, :, None], cols[:, None, :]] = src
+            step_slots = slots[:, :, d - 1]
+            table[branch_rows, (base + d - 1)[:, None].expand(a, k)] = step_slots.to(torch.int32)
+            seq = (base + d)[:, None].expand(a, k).reshape(-1)
+            batch = ForwardBatch(
+                mode=ForwardMode.DECODE,
+                batch_size=a * k,
+                input_ids=frontier_tokens.reshape(-1),
+                positions=(frontier + d)[:, None].expand(a, k).reshape(-1),
+                out_cache_loc=step_slots.reshape(-1).to(dev),
+                req_pool_indices=branch_rows.reshape(-1),
+                seq_lens=seq,
+                seq_lens_cpu=seq.tolist(),
+                spec_features=None if feats is None else feats.reshape(a * k, -1),
+            )
+            logp, step_feats = self._draft_step(self.runner.forward(batch))
+            top = logp.topk(k, dim=-1)
+            child_scores = (scores[:, :, None] + top.values.view(a, k, k)).reshape(a, k * k)
+            child_tokens = to_target(top.indices).view(a, k * k)
+            offset = k + (d - 1) * k * k
+            tokens.append(child_tokens)
+            score_list.append(child_scores)
+            parent_list.append(cand[:, :, None].expand(a, k, k).reshape(a, k * k))
+            best = torch.sort(child_scores, dim=1, descending=True, stable=True).indices[:, :k]
+            scores = child_scores.gather(1, best)
+            cand = offset + best
+            frontier_tokens = child_tokens.gather(1, best)
+            parent_branch = best // k
+            if step_feats is not None:
+                step_feats = step_feats.view(a, k, -1)
+                idx = parent_branch[:, :, None].expand(a, k, step_feats.shape[-1])
+                feats = step_feats.gather(1, idx)
+        return CandidateSet(
+            torch.cat(tokens, dim=1), torch.cat(score_list, dim=1), torch.cat(parent_list, dim=1)
+        )
