@@ -2,8 +2,9 @@
 reference of their forward written from those formats (not from runtime/models): the oracle the
 heads' tests compare against.
 
-The target they go with is the `tiny-llama` preset (hidden 64, 2 layers, vocabulary 512, tied
-embeddings, rope theta 10000).
+`save_llama` writes the target they go with (hidden 64, 2 layers, vocabulary 512, tied
+embeddings) and smaller random drafts with its vocabulary: random weights of a scale that makes
+the next token depend on the context (the preset `dummy` weights mostly repeat the last token).
 """
 
 from __future__ import annotations
@@ -96,6 +97,46 @@ def save_head(path: str, kind: str, seed: int = 0, drop: str | None = None) -> d
     return tensors
 
 
+def save_llama(
+    path: str, seed: int, hidden: int = H, layers: int = 2, heads: int = HEADS
+) -> dict[str, torch.Tensor]:
+    """A random Llama checkpoint (config.json + model.safetensors) with the heads' vocabulary and
+    an untied LM head (tied random embeddings make the last token its own best successor);
+    returns the tensors."""
+    os.makedirs(path, exist_ok=True)
+    kv_heads, head_dim, inter = max(1, heads // 2), hidden // heads, 2 * hidden
+    cfg = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": VOCAB,
+        "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
+        "rms_norm_eps": EPS, "rope_theta": THETA, "max_position_embeddings": 2048,
+        "tie_word_embeddings": False, "torch_dtype": "float32", "bos_token_id": 1,
+        "eos_token_id": 2,
+    }  # fmt: skip
+    g = torch.Generator().manual_seed(seed)
+    lin = lambda o, i: torch.randn(o, i, generator=g) * (1.0 / i**0.5)  # noqa: E731
+    t = {"model.embed_tokens.weight": torch.randn(VOCAB, hidden, generator=g),
+         "model.norm.weight": torch.ones(hidden), "lm_head.weight": lin(VOCAB, hidden) * 4}  # fmt: skip
+    q, kv = heads * head_dim, kv_heads * head_dim
+    for i in range(layers):
+        pre = f"model.layers.{i}."
+        t.update({
+            f"{pre}self_attn.q_proj.weight": lin(q, hidden),
+            f"{pre}self_attn.k_proj.weight": lin(kv, hidden),
+            f"{pre}self_attn.v_proj.weight": lin(kv, hidden),
+            f"{pre}self_attn.o_proj.weight": lin(hidden, q),
+            f"{pre}mlp.gate_proj.weight": lin(inter, hidden),
+            f"{pre}mlp.up_proj.weight": lin(inter, hidden),
+            f"{pre}mlp.down_proj.weight": lin(hidden, inter),
+            f"{pre}input_layernorm.weight": torch.ones(hidden),
+            f"{pre}post_attention_layernorm.weight": torch.ones(hidden),
+        })  # fmt: skip
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    save_file(t, os.path.join(path, "model.safetensors"))
+    return t
+
+
 # ---- the reference -------------------------------------------------------------------------------
 def _rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * w
@@ -134,10 +175,12 @@ def _mlp(x: torch.Tensor, t: dict, pre: str) -> torch.Tensor:
 
 
 def reference_head(
-    kind: str, t: dict, embed: torch.Tensor, ids: torch.Tensor, feats: torch.Tensor
+    kind: str, t: dict, target: dict, ids: torch.Tensor, feats: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sequence of rows at positions 0.. (causal): (logits [T, vocab of the head] with target
-    ids for EAGLE, draft ids for EAGLE-3; the next features [T, H])."""
+    """One sequence of rows at positions 0.. (causal) with the `target` checkpoint's embedding
+    (and, for EAGLE, LM head): (logits [T, vocab of the head]: target ids for EAGLE, draft ids
+    for EAGLE-3; the next features [T, H])."""
+    embed = target["model.embed_tokens.weight"]
     pos = torch.arange(ids.shape[0])
     emb = embed[ids]
     if kind == "EAGLE":
@@ -145,7 +188,7 @@ def reference_head(
         h = torch.cat([emb, feats], -1) @ t["fc.weight"].T + t["fc.bias"]
         s = _attention(h, pos, t, pre) + h  # layer 0: no input norm
         out = _mlp(_rms(s, t[f"{pre}post_attention_layernorm.weight"]), t, pre) + s
-        return out @ embed.T, out  # the target's (tied) LM head, no final norm
+        return out @ target["lm_head.weight"].T, out  # the target's LM head, no final norm
     pre = "midlayer."
     g = feats @ t["fc.weight"].T if feats.shape[-1] != H else feats
     x = torch.cat(

@@ -5,11 +5,16 @@ token-identical with speculation on and off (a minimal speculative loop, spec_lo
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
-from speculative.draft_heads import AUX_LAYER_IDS, reference_head, save_head
+from speculative.draft_heads import (
+    AUX_LAYER_IDS,
+    head_tensors,
+    reference_head,
+    save_head,
+    save_llama,
+)
+from speculative.spec_loop import generate, greedy_reference, new_reqs, prefill
 
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.executor.model_runner import ModelRunner
@@ -17,42 +22,33 @@ from radixlm.runtime.models.loader import resolve_model
 from radixlm.runtime.server_args import ServerArgs
 from radixlm.runtime.speculative.draft_setup import build_draft_proposer
 
+TARGET_SEED = 0
 PROMPTS = [[5, 17, 250, 3, 99, 42, 7], [11, 300, 8, 8, 64], [400, 2, 77, 19, 5, 23, 123, 88, 6]]
 
 
-def build(algo: str, draft: str, device: str = "cpu", **flags):
-    """A tiny-llama target runner (dummy weights) and the proposer for `algo` / `draft`."""
-    args = ServerArgs(
-        model_path="tiny-llama", load_format="dummy", device=device, max_total_tokens=1024,
-        max_running_requests=8, speculative_algorithm=algo, speculative_draft_model_path=draft,
-        **flags,
-    )  # fmt: skip
-    target = ModelRunner(args, resolve_model("tiny-llama", "dummy"))
-    return target, build_draft_proposer(args, target)
-
-
 @pytest.fixture(scope="module")
-def heads(tmp_path_factory) -> dict[str, tuple[str, dict]]:
+def paths(tmp_path_factory) -> dict[str, str]:
+    """The target, a smaller random draft with its vocabulary, and the two random heads."""
     out = {}
-    for kind in ("EAGLE", "EAGLE3"):
-        path = str(tmp_path_factory.mktemp(kind.lower()))
-        out[kind] = (path, save_head(path, kind, seed=1))
+    for name, make in (
+        ("target", lambda p: save_llama(p, seed=TARGET_SEED)),
+        ("small", lambda p: save_llama(p, seed=5, hidden=32, layers=1, heads=2)),
+        ("EAGLE", lambda p: save_head(p, "EAGLE", seed=1)),
+        ("EAGLE3", lambda p: save_head(p, "EAGLE3", seed=1)),
+    ):
+        out[name] = str(tmp_path_factory.mktemp(name.lower()))
+        make(out[name])
     return out
 
 
-@pytest.fixture(scope="module")
-def small_draft(tmp_path_factory) -> str:
-    """A one-layer Llama config with the target's vocabulary (dummy weights: random, not the
-    target's)."""
-    path = tmp_path_factory.mktemp("small_draft")
-    cfg = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512,
-        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-        "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 2048,
-        "tie_word_embeddings": True,
-    }  # fmt: skip
-    (path / "config.json").write_text(json.dumps(cfg))
-    return str(path)
+def build(paths: dict[str, str], algo: str, draft: str, device: str = "cpu", **flags):
+    """The target runner and the proposer for `algo` with draft `paths[draft]`."""
+    args = ServerArgs(
+        model_path=paths["target"], device=device, max_total_tokens=1024, max_running_requests=8,
+        speculative_algorithm=algo, speculative_draft_model_path=paths[draft], **flags,
+    )  # fmt: skip
+    target = ModelRunner(args, resolve_model(paths["target"]))
+    return target, build_draft_proposer(args, target)
 
 
 def _head_forward(runner, ids, feats, positions, prefix: int, row: int, slots) -> torch.Tensor:
@@ -69,11 +65,11 @@ def _head_forward(runner, ids, feats, positions, prefix: int, row: int, slots) -
 
 
 @pytest.mark.parametrize("kind", ["EAGLE", "EAGLE3"])
-def test_head_forward_matches_the_reference(heads, kind) -> None:
+def test_head_forward_matches_the_reference(paths, tmp_path, kind) -> None:
     """Every row's logits and next feature equal the reference's, over a prefill of 8 rows and
     one more row attending to them through the draft KV pool."""
-    path, tensors = heads[kind]
-    target, proposer = build(kind, path)
+    tensors = head_tensors(kind, seed=1)
+    target, proposer = build(paths, kind, kind)
     runner, head = proposer.runner, proposer.runner.model
     g = torch.Generator().manual_seed(3)
     n = 9
@@ -83,7 +79,7 @@ def test_head_forward_matches_the_reference(heads, kind) -> None:
         feats_rows = [feats[: n - 1], torch.randn(1, 64, generator=g)]
     else:
         feats_rows = [feats[: n - 1], feats[n - 1 :]]
-    embed = target.model.embed_tokens.weight.detach()
+    target_tensors = save_llama(str(tmp_path), seed=TARGET_SEED)
     row = runner.req_to_token.alloc()
     slots = runner.kv_pool.allocator.alloc(n)
     first = _head_forward(runner, ids[:-1], feats_rows[0], torch.arange(n - 1), 0, row, slots[:-1])
@@ -94,7 +90,7 @@ def test_head_forward_matches_the_reference(heads, kind) -> None:
         ref_in = torch.cat([feats_rows[0] @ tensors["fc.weight"].T, feats_rows[1]])
     else:
         ref_in = torch.cat(feats_rows)
-    ref_logits, ref_next = reference_head(kind, tensors, embed, ids, ref_in)
+    ref_logits, ref_next = reference_head(kind, tensors, target_tensors, ids, ref_in)
     for out, rows in ((first, slice(0, n - 1)), (last, slice(n - 1, n))):
         logit_in, nxt = head.split_output(out)
         logits = runner.compute_logits(logit_in)
@@ -106,3 +102,54 @@ def test_head_forward_matches_the_reference(heads, kind) -> None:
         assert target.model.capture == tuple(i + 1 for i in AUX_LAYER_IDS)
     else:
         assert target.model.capture == (2,)  # the final normed hidden of the 2-layer target
+
+
+def test_standalone_self_draft_proposes_the_greedy_continuation(paths) -> None:
+    """The target drafting for itself (draft == target): the chain is the target's own greedy
+    continuation, every draft is accepted, and the output is plain greedy decoding's."""
+    paths = {**paths, "self": paths["target"]}
+    target, proposer = build(paths, "STANDALONE", "self", speculative_num_steps=4)
+    reqs = new_reqs(PROMPTS, 16)
+    prefill(target, proposer, reqs)
+    tree = proposer.propose(reqs)
+    assert tree.tokens.shape == (3, 5)
+    assert tree.parents.tolist() == [[0, 0, 1, 2, 3]] * 3  # a chain
+    ref = greedy_reference(target, [r.fill_ids for r in reqs], 4)
+    assert tree.tokens[:, 1:].tolist() == ref
+    assert tree.tokens[:, 0].tolist() == [r.fill_ids[-1] for r in reqs]
+    outputs, steps = generate(target, proposer, PROMPTS, 21)
+    assert outputs == greedy_reference(target, PROMPTS, 21)
+    assert all(a == 4 for step in steps for a in step)  # forced acceptance
+    _assert_draft_memory_free(proposer)
+
+
+def _assert_draft_memory_free(proposer) -> None:
+    r = proposer.runner
+    assert not proposer.states
+    assert r.kv_pool.allocator.available() == r.kv_pool.num_slots
+    assert r.req_to_token.available() == r.req_to_token.size
+
+
+@pytest.mark.parametrize(
+    "algo,flags",
+    [
+        ("STANDALONE", {"speculative_num_steps": 3}),
+        ("STANDALONE", {"speculative_num_steps": 3, "speculative_eagle_topk": 3}),
+        ("EAGLE", {"speculative_num_steps": 3}),
+        ("EAGLE", {"speculative_num_steps": 3, "speculative_eagle_topk": 2}),
+        ("EAGLE3", {"speculative_num_steps": 4, "speculative_eagle_topk": 3,
+                    "speculative_num_draft_tokens": 10}),
+    ],
+)  # fmt: skip
+def test_greedy_outputs_are_identical_with_speculation(paths, algo, flags) -> None:
+    """Random drafts (a small random Llama, random heads): valid trees of the fixed size every
+    step (spec_loop checks them), the outputs of plain greedy decoding, the draft KV all given
+    back once every request is released."""
+    draft = "small" if algo == "STANDALONE" else algo
+    target, proposer = build(paths, algo, draft, **flags)
+    outputs, steps = generate(target, proposer, PROMPTS, 20)
+    assert outputs == greedy_reference(target, PROMPTS, 20)
+    full = proposer.shape.num_steps
+    mean = sum(map(sum, steps)) / sum(map(len, steps))
+    assert mean < full  # a random draft is rejected most of the time
+    _assert_draft_memory_free(proposer)
