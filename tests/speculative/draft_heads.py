@@ -98,7 +98,7 @@ def save_head(path: str, kind: str, seed: int = 0, drop: str | None = None) -> d
 
 
 def save_llama(
-    path: str, seed: int, hidden: int = H, layers: int = 2, heads: int = HEADS
+    path: str, seed: int, hidden: int = H, layers: int = 2, heads: int = HEADS, vocab: int = VOCAB
 ) -> dict[str, torch.Tensor]:
     """A random Llama checkpoint (config.json + model.safetensors) with the heads' vocabulary and
     an untied LM head (tied random embeddings make the last token its own best successor);
@@ -106,7 +106,7 @@ def save_llama(
     os.makedirs(path, exist_ok=True)
     kv_heads, head_dim, inter = max(1, heads // 2), hidden // heads, 2 * hidden
     cfg = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": VOCAB,
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
         "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
         "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
         "rms_norm_eps": EPS, "rope_theta": THETA, "max_position_embeddings": 2048,
@@ -115,8 +115,8 @@ def save_llama(
     }  # fmt: skip
     g = torch.Generator().manual_seed(seed)
     lin = lambda o, i: torch.randn(o, i, generator=g) * (1.0 / i**0.5)  # noqa: E731
-    t = {"model.embed_tokens.weight": torch.randn(VOCAB, hidden, generator=g),
-         "model.norm.weight": torch.ones(hidden), "lm_head.weight": lin(VOCAB, hidden) * 4}  # fmt: skip
+    t = {"model.embed_tokens.weight": torch.randn(vocab, hidden, generator=g),
+         "model.norm.weight": torch.ones(hidden), "lm_head.weight": lin(vocab, hidden) * 4}  # fmt: skip
     q, kv = heads * head_dim, kv_heads * head_dim
     for i in range(layers):
         pre = f"model.layers.{i}."

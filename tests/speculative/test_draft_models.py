@@ -14,8 +14,9 @@ from speculative.draft_heads import (
     save_head,
     save_llama,
 )
-from speculative.spec_loop import generate, greedy_reference, new_reqs, prefill
+from speculative.spec_loop import generate, greedy_reference, new_reqs, prefill, verify_step
 
+from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.models.loader import resolve_model
@@ -45,6 +46,7 @@ def build(paths: dict[str, str], algo: str, draft: str, device: str = "cpu", **f
     """The target runner and the proposer for `algo` with draft `paths[draft]`."""
     args = ServerArgs(
         model_path=paths["target"], device=device, max_total_tokens=1024, max_running_requests=8,
+        num_threads=1,
         speculative_algorithm=algo, speculative_draft_model_path=paths[draft], **flags,
     )  # fmt: skip
     target = ModelRunner(args, resolve_model(paths["target"]))
@@ -153,3 +155,90 @@ def test_greedy_outputs_are_identical_with_speculation(paths, algo, flags) -> No
     mean = sum(map(sum, steps)) / sum(map(len, steps))
     assert mean < full  # a random draft is rejected most of the time
     _assert_draft_memory_free(proposer)
+
+
+@pytest.mark.parametrize("algo", ["EAGLE", "EAGLE3"])
+def test_heads_after_a_cached_prefix_and_chunked_prefill(paths, algo) -> None:
+    """The head gets no features for a cached prefix (4 tokens) and the rest in 3 chunks: it
+    drafts from what it saw, and the outputs stay plain greedy decoding's."""
+    target, proposer = build(paths, algo, algo, speculative_num_steps=3, speculative_eagle_topk=2)
+    outputs, _ = generate(target, proposer, PROMPTS, 10, cached=4, chunks=3)
+    assert outputs == greedy_reference(target, PROMPTS, 10)
+    _assert_draft_memory_free(proposer)
+
+
+def test_standalone_redraws_after_the_tokens_change(paths) -> None:
+    """A rewritten output tail (a jump-forward re-tokenizes it): the draft drops its rows from
+    the first changed token and proposes the greedy continuation of the new tokens."""
+    paths = {**paths, "self": paths["target"]}
+    target, proposer = build(paths, "STANDALONE", "self", speculative_num_steps=3)
+    reqs = new_reqs(PROMPTS[:2], 16)
+    prefill(target, proposer, reqs)
+    for _ in range(3):
+        verify_step(target, proposer, reqs)
+    held = proposer.runner.kv_pool.allocator.available()
+    req = reqs[0]
+    st = proposer.states[req.rid]
+    assert st.num_rows == req.seqlen - 4  # the last verify step committed 4 tokens
+    n = len(req.output_ids)
+    req.output_ids[n - 6 :] = [301, 302, 303, 304, 305, 306]  # 2 of them in the draft
+    tree = proposer.propose([req])
+    assert tree.tokens[0, 1:].tolist() == greedy_reference(target, [req.fill_ids], 3)[0]
+    assert st.tokens == req.fill_ids and st.all_slots().numel() == req.seqlen
+    assert proposer.runner.kv_pool.allocator.available() == held + 2 - 6
+    for r in reqs:
+        proposer.release(r)
+    _assert_draft_memory_free(proposer)
+
+
+def test_release_frees_each_requests_draft_kv(paths) -> None:
+    target, proposer = build(paths, "STANDALONE", "small", speculative_eagle_topk=2)
+    alloc, rows = proposer.runner.kv_pool.allocator, proposer.runner.req_to_token
+    reqs = new_reqs(PROMPTS, 8)
+    prefill(target, proposer, reqs)
+    proposer.propose(reqs)
+    held = [len(r.fill_ids) for r in reqs]  # every committed token, the root included
+    assert alloc.available() == alloc.capacity - sum(held)
+    assert rows.available() == rows.size - 2 * len(reqs)  # topk rows each
+    proposer.release(reqs[1])
+    assert alloc.available() == alloc.capacity - held[0] - held[2]
+    proposer.release(reqs[1])  # twice: nothing more
+    for r in (reqs[0], reqs[2]):
+        proposer.release(r)
+    _assert_draft_memory_free(proposer)
+
+
+@pytest.mark.parametrize(
+    "kind,drop,match",
+    [
+        ("EAGLE", "fc.weight", "incomplete"),
+        ("EAGLE3", "midlayer.hidden_norm.weight", "incomplete"),
+        ("EAGLE3", "d2t", "d2t"),
+    ],
+)
+def test_incomplete_head_checkpoints_are_refused(paths, tmp_path, kind, drop, match) -> None:
+    save_head(str(tmp_path), kind, drop=drop)
+    with pytest.raises(ValueError, match=match):
+        build({**paths, "bad": str(tmp_path)}, kind, "bad")
+
+
+def test_eagle_head_without_fc_bias_loads(paths, tmp_path) -> None:
+    save_head(str(tmp_path), "EAGLE", drop="fc.bias")
+    _, proposer = build({**paths, "head": str(tmp_path)}, "EAGLE", "head")
+    assert not proposer.runner.model.fc.bias.any()
+
+
+@pytest.mark.parametrize(
+    "algo,draft,match",
+    [
+        ("EAGLE", "EAGLE3", "needs a LlamaForCausalLMEagle draft head"),
+        ("EAGLE3", "small", "needs a LlamaForCausalLMEagle3 draft head"),
+        ("STANDALONE", "EAGLE", "is a draft head"),
+        ("STANDALONE", "vocab", "vocabulary"),
+    ],
+)
+def test_drafts_that_do_not_fit_are_refused(paths, tmp_path, algo, draft, match) -> None:
+    save_llama(str(tmp_path), seed=1, vocab=256)
+    with pytest.raises(InvalidRequestError, match=match) as err:
+        build({**paths, "vocab": str(tmp_path)}, algo, draft)
+    assert err.value.field == "speculative_draft_model_path"
