@@ -240,6 +240,9 @@ class TokenizerManager:
             "cached_tokens": out.cached_tokens,
             "e2e_latency": time.perf_counter() - state.created,
         }
+        if out.spec_verify_ct:  # speculative decoding (docs/speculative.md)
+            meta["spec_verify_ct"] = out.spec_verify_ct
+            meta["spec_accept_length"] = (out.spec_committed or 0) / out.spec_verify_ct
         if state.input_logprobs is not None or state.output_logprobs:
             meta.update(self._logprob_meta(state))
         state.meta_info = meta

@@ -70,6 +70,9 @@ class ReqOut(msgspec.Struct, array_like=True):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
+    # Speculative decoding (None: off): decode steps so far and the tokens they committed.
+    spec_verify_ct: int | None = None
+    spec_committed: int | None = None
 
 
 class BatchTokenOut(msgspec.Struct, tag=True):

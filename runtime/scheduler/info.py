@@ -25,6 +25,11 @@ def new_stats() -> dict[str, Any]:
         "generated_tokens": 0,
         "retracted": 0,
         "overlapped_steps": 0,
+        # Speculative decoding (spec_step.py): decode steps with an algorithm set, the draft
+        # tokens they verified (after the grammar/length checks) and the tokens they committed.
+        "spec_verify_steps": 0,
+        "spec_draft_tokens": 0,
+        "spec_committed_tokens": 0,
         # Wall time of the loop iterations that ran a forward, by kind (an extend iteration
         # ends at its tokens' read-back; an overlapped decode iteration launches one step
         # and reads the previous one).

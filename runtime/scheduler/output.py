@@ -20,6 +20,8 @@ def make_output(req: Req) -> io.ReqOut:
         prompt_tokens=len(req.origin_input_ids),
         completion_tokens=len(req.output_ids),
         cached_tokens=req.cached_tokens,
+        spec_verify_ct=req.spec_verify_ct,
+        spec_committed=req.spec_committed,
     )
     if req.return_logprob:
         out.output_logprobs = req.output_logprobs[req.sent_ids :]

@@ -78,6 +78,10 @@ class Req:
         self.sent_input_logprobs = 0
         self.first_sent = False
         self.grammar: Any = None  # constrained/base.py `Grammar`, set once it is compiled
+        # Speculative decoding (speculative/spec_step.py; None while it never ran a decode step
+        # with speculation on): decode steps taken and tokens they committed.
+        self.spec_verify_ct: int | None = None
+        self.spec_committed: int | None = None
 
     # ---- views ---------------------------------------------------------------------------------
     @property

@@ -41,6 +41,8 @@ from radixlm.runtime.scheduler.results import ResultPath
 from radixlm.runtime.scheduler.schedule_batch import OutOfSlotsError, ScheduleBatch
 from radixlm.runtime.scheduler.step import ModelStep
 from radixlm.runtime.server_args import ServerArgs
+from radixlm.runtime.speculative.setup import make_proposer
+from radixlm.runtime.speculative.spec_step import SpeculativeStep
 
 logger = logging.getLogger(__name__)
 
@@ -77,9 +79,17 @@ class Scheduler:
                               self.config.vocab_size)  # fmt: skip
         self.results = ResultPath(self.queues, self.grammars, stops, self.context_len,
                                   self.ratio, self.stats)  # fmt: skip
+        proposer = make_proposer(args, runner)  # None: speculation off
+        self.spec = None
+        if proposer is not None:
+            self.spec = SpeculativeStep(proposer, self.step, self.results, self.queues,
+                                        self.grammars, self.context_len, self.stats)  # fmt: skip
         overlap = not args.disable_overlap_schedule and (
             self.device.type == "cuda" or args.overlap_schedule_on_cpu
         )  # NOTE: on CPU the forward is synchronous: launching ahead only delays each token
+        if overlap and self.spec is not None:
+            logger.info("speculative decoding is on: the overlapped schedule is off")
+            overlap = False
         self.overlap = OverlapDecode(overlap, self.step, self.results, self.queues, transfer,
                                      self.context_len, self.stats)  # fmt: skip
         self.intake = RequestIntake(self.queues, self.grammars, self.eos_ids, self.device,
@@ -187,6 +197,9 @@ class Scheduler:
             self.retract_for_decode()
             batch = ScheduleBatch(list(self.queues.running), ForwardMode.DECODE)
         try:
+            if self.spec is not None:
+                self.spec.run(batch)  # proposes, verifies and applies (spec_step.py)
+                return
             if self.overlap.eligible(batch.reqs):
                 self.overlap.launch(batch)  # applied by the next iteration
                 return

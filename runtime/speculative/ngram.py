@@ -1,0 +1,137 @@
+"""NGRAM (prompt lookup) drafts: the continuation of the text so far's longest repeated suffix.
+
+Per request, `NgramIndex` maps every n-gram of its tokens (prompt + output, `min <= n <= max`,
+SGLang's `--speculative-ngram-min/max-match-window-size`) to the positions that followed its
+recent occurrences. It is incremental: `extend` indexes only the tokens appended since the last
+call (O(windows) dictionary updates per token), so a step costs O(new tokens), not O(length).
+
+`NgramProposer.propose`: for each request, the suffix of its tokens is looked up from the longest
+window down; each occurrence found gives a candidate continuation (the tokens that followed it),
+longest window and most recent occurrence first, at most `breadth` of them. The candidates are
+merged into a trie of at most `num_nodes - 1` draft tokens under the root (the request's last
+token): a DETERMINISTIC tree (tree_accept.py), a chain when one candidate is found. The first
+candidate keeps the longest branch; every other candidate gets at least its first differing
+token, then the budget left, in order.
+
+Ownership: the proposer owns its indexes (keyed by the request's id, dropped by `release`); it
+only reads `Req.fill_ids`. Jump-forward may replace the tail of a request's output: the index
+remembers a few of the last tokens it indexed and rebuilds itself when they changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from radixlm.runtime.speculative.proposer import Proposer
+from radixlm.runtime.speculative.tree_accept import DraftKind, DraftTree
+
+if TYPE_CHECKING:
+    from radixlm.runtime.scheduler.req import Req
+
+_CHECK_TAIL = 8  # last indexed tokens compared on each step (jump-forward rewrites the tail)
+
+
+class NgramIndex:
+    """The n-grams of one token sequence, `min_n..max_n` long, each mapped to the start positions
+    of what followed its last `keep` occurrences (most recent last)."""
+
+    def __init__(self, min_n: int, max_n: int, keep: int) -> None:
+        self.min_n = min_n
+        self.max_n = max_n
+        self.keep = keep
+        self.tokens: list[int] = []
+        self.table: dict[tuple[int, ...], list[int]] = {}
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Make the index cover `tokens` (which extend what it covers; otherwise it rebuilds)."""
+        done = len(self.tokens)
+        tail = max(0, done - _CHECK_TAIL)
+        if len(tokens) < done or list(tokens[tail:done]) != self.tokens[tail:]:
+            self.tokens, self.table = [], {}
+            done = 0
+        own = self.tokens
+        for t in tokens[done:]:
+            # NOTE: an n-gram is indexed once the token after it exists: its continuation start.
+            end = len(own)  # the n-grams ending at end - 1 are followed by position `end`
+            own.append(t)
+            for n in range(self.min_n, min(self.max_n, end) + 1):
+                key = tuple(own[end - n : end])
+                hits = self.table.setdefault(key, [])
+                hits.append(end)
+                if len(hits) > self.keep:
+                    del hits[0]
+
+    def candidates(self, limit: int, length: int) -> list[list[int]]:
+        """Continuations (up to `length` tokens each, at most `limit` distinct starts) of the
+        current suffix: longest matching window first, most recent occurrence first."""
+        own = self.tokens
+        out: list[list[int]] = []
+        starts: set[int] = set()
+        for n in range(min(self.max_n, len(own)), self.min_n - 1, -1):
+            for start in reversed(self.table.get(tuple(own[len(own) - n :]), ())):
+                if start in starts:
+                    continue
+                starts.add(start)
+                out.append(own[start : start + length])
+                if len(out) == limit:
+                    return out
+        return out
+
+
+def merge_candidates(cands: Sequence[Sequence[int]], budget: int) -> tuple[list[int], list[int]]:
+    """A trie of the candidates under a root (node 0): (tokens, parents) of at most `budget` + 1
+    nodes in topological order. The first candidate is cut so that each later one can still add
+    one node; later ones then take what is left, in order."""
+    tokens, parents = [-1], [-1]
+    children: dict[tuple[int, int], int] = {}
+    reserve = min(max(len(cands) - 1, 0), budget // 2)
+    for k, cand in enumerate(cands):
+        room = budget - (len(tokens) - 1) - (reserve if k == 0 else 0)
+        node = 0
+        for tok in cand:
+            nxt = children.get((node, tok))
+            if nxt is None:
+                if room <= 0:
+                    break
+                room -= 1
+                nxt = len(tokens)
+                tokens.append(tok)
+                parents.append(node)
+                children[(node, tok)] = nxt
+            node = nxt
+    return tokens, parents
+
+
+class NgramProposer(Proposer):
+    kind = DraftKind.DETERMINISTIC
+
+    def __init__(self, num_nodes: int, min_window: int, max_window: int, breadth: int) -> None:
+        self.num_nodes = num_nodes
+        self.min_window = min_window
+        self.max_window = max_window
+        self.breadth = breadth
+        self.indexes: dict[str, NgramIndex] = {}
+
+    def propose(self, reqs: Sequence[Req]) -> DraftTree:
+        n = self.num_nodes
+        tokens = torch.zeros(len(reqs), n, dtype=torch.int64)
+        parents = torch.full((len(reqs), n), -1, dtype=torch.int64)
+        for i, req in enumerate(reqs):
+            index = self.indexes.get(req.rid)
+            if index is None:
+                index = self.indexes[req.rid] = NgramIndex(
+                    self.min_window, self.max_window, self.breadth
+                )
+            index.extend(req.fill_ids)
+            cands = index.candidates(self.breadth, n - 1) if n > 1 else []
+            toks, pars = merge_candidates(cands, n - 1)
+            toks[0] = req.last_token
+            tokens[i, : len(toks)] = torch.tensor(toks)
+            parents[i, : len(pars)] = torch.tensor(pars)
+        return DraftTree(tokens, parents, None, self.kind)
+
+    def release(self, req: Req) -> None:
+        self.indexes.pop(req.rid, None)

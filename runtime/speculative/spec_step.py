@@ -1,0 +1,310 @@
+"""`SpeculativeStep`: a decode batch's step when an algorithm is set (the scheduler's `run_batch`
+calls `run` instead of the plain decode step).
+
+Data flow of `run(batch)`:
+    proposer.propose(reqs) -> DraftTree [B, N]
+    -> per request, draft_check.check_draft: cut nodes deeper than what the request may still
+       commit (max_new_tokens, the context) or rejected by its grammar; the grammar's masks of
+       the kept nodes' states are built on the way; a request whose recent drafts were rejected
+       gets none for a while (gate.py)
+    -> no request has a draft left, or the pool cannot hold the drafts' KV even after evicting:
+       the plain decode step (step.py) and the one result path, one token each
+    -> else one EXTEND forward over B x n rows with the tree mask (tree.verify_forward_batch;
+       n = the largest kept tree), every row's logits -> target_probs with each row's sampling
+       state (penalties, min-new-tokens ban and grammar mask in the context of the node's path)
+       -> accept_trees (greedy rows: the target's argmax path; sampled rows: exact rejection
+       sampling) -> commit: the accepted path's slots stay in `req_to_token`, the others are
+       freed at once (tree.commit_path)
+    -> the committed tokens, one at a time, through `ResultPath.append_token` (grammar accept,
+       logprobs, eos / stop strings / min and max_new_tokens: nothing past a stop is kept, and
+       the KV of dropped tokens is freed) -> jump-forward -> `finish_decode` (finished requests'
+       KV goes to the radix cache like any other) -> proposer.on_verified.
+
+KV accounting: draft slots live only inside one step. The scheduler's retraction keeps room for
+one token per running request, as for plain decode; drafts take what is free (after evicting
+unlocked cache), or the step falls back to plain decode: a full pool never fails a step because
+of speculation.
+
+Ownership: the proposer owns its state; this step owns none but the per-request counters it
+writes (`Req.spec_verify_ct`, `Req.spec_committed`) and `active` (which requests the proposer
+holds state for: those that left the batch get `release`). Scheduler thread only.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, NamedTuple
+
+import torch
+
+from radixlm.runtime.mem.kv_pool import SlotAllocator
+from radixlm.runtime.mem.prefix_cache import PrefixCache
+from radixlm.runtime.sampling.sampling_batch import SamplingBatch
+from radixlm.runtime.scheduler.queues import ReqQueues
+from radixlm.runtime.scheduler.req import Req
+from radixlm.runtime.scheduler.results import ResultPath
+from radixlm.runtime.scheduler.schedule_batch import ScheduleBatch
+from radixlm.runtime.scheduler.step import ModelStep, StepTokens
+from radixlm.runtime.speculative.draft_check import CheckedDraft, check_draft
+from radixlm.runtime.speculative.gate import DraftGate
+from radixlm.runtime.speculative.proposer import Proposer
+from radixlm.runtime.speculative.tree import (
+    alloc_draft_slots,
+    build_tree,
+    commit_path,
+    verify_forward_batch,
+)
+from radixlm.runtime.speculative.tree_accept import (
+    DraftTree,
+    TreeAcceptResult,
+    accept_trees,
+    node_contexts,
+    target_probs,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class _RowReq(NamedTuple):
+    """One verify row's sampling context (sampling_batch.py `SamplingReq`): the request's
+    outputs followed by the draft tokens on the node's path."""
+
+    sampling_params: Any
+    generator: torch.Generator | None
+    origin_input_ids: list[int]
+    output_ids: list[int]
+    stop_ids_for_min_tokens: tuple[int, ...]
+
+
+class SpeculativeStep:
+    def __init__(
+        self,
+        proposer: Proposer,
+        step: ModelStep,
+        results: ResultPath,
+        queues: ReqQueues,
+        grammars: Any,  # constrained/manager.py `GrammarManager`
+        context_len: int,
+        stats: dict[str, Any],
+    ) -> None:
+        self.proposer = proposer
+        self.step = step
+        self.runner = step.runner
+        self.results = results
+        self.queues = queues
+        self.grammars = grammars
+        self.allocator: SlotAllocator = step.allocator
+        self.cache: PrefixCache = step.cache
+        self.context_len = context_len
+        self.stats = stats
+        self.device = step.device
+        self.active: dict[str, Req] = {}
+        # NOTE: on CPU a verify forward costs more than the fused decode step (gate.py).
+        self.gate = DraftGate(min_accepted=1 if self.device.type == "cpu" else 0)
+
+    # ---- the step ------------------------------------------------------------------------------
+    def run(self, batch: ScheduleBatch) -> None:
+        reqs = batch.reqs
+        self.release_gone(reqs)
+        for req in reqs:
+            self.active[req.rid] = req
+            if req.spec_verify_ct is None:
+                req.spec_verify_ct = req.spec_committed = 0
+        draft = self.proposer.propose(reqs)
+        width = draft.tokens.shape[1]
+        masks = None
+        if any(r.grammar is not None for r in reqs):
+            masks = torch.full((len(reqs), width, self.grammars.words), -1, dtype=torch.int32)
+        checked = [
+            self.check(req, draft, i, None if masks is None else masks[i])
+            for i, req in enumerate(reqs)
+        ]
+        if all(len(c.kept) == 1 for c in checked) or not self.verify(batch, draft, checked, masks):
+            self.plain_decode(batch)
+        self.release_gone(self.queues.running)
+
+    def check(self, req: Req, draft: DraftTree, i: int, mask: torch.Tensor | None) -> CheckedDraft:
+        room = min(req.remaining_new_tokens(), self.context_len - req.seqlen)
+        if not self.gate.allows(req.rid):
+            room = 0
+        return check_draft(
+            draft.tokens[i].tolist(), draft.parents[i].tolist(), max(room - 1, 0),
+            req.grammar, mask,
+        )  # fmt: skip
+
+    def plain_decode(self, batch: ScheduleBatch) -> None:
+        """One token per request (no drafts), through the plain step and result path."""
+        self.results.apply(self.step.run(batch))
+        for req in batch.reqs:
+            req.spec_verify_ct += 1
+            req.spec_committed += 1
+        self.stats["spec_verify_steps"] += 1
+        self.stats["spec_committed_tokens"] += len(batch.reqs)
+
+    def verify(
+        self,
+        batch: ScheduleBatch,
+        draft: DraftTree,
+        checked: list[CheckedDraft],
+        masks: torch.Tensor | None,
+    ) -> bool:
+        """The verify forward, acceptance and commit; False (nothing done) when the pool cannot
+        hold the drafts' KV."""
+        reqs = batch.reqs
+        bsz, n = len(reqs), max(len(c.kept) for c in checked)
+        counts = [len(c.kept) for c in checked]
+        loc = alloc_draft_slots(self.allocator, counts, n)
+        if loc is None:
+            self.cache.evict(sum(counts) - self.allocator.available())
+            loc = alloc_draft_slots(self.allocator, counts, n)
+            if loc is None:
+                return False
+        tokens = torch.zeros(bsz, n, dtype=torch.int64)
+        parents = torch.full((bsz, n), -1, dtype=torch.int64)
+        for i, (req, c) in enumerate(zip(reqs, checked)):
+            tokens[i, : len(c.kept)] = torch.tensor(c.tokens)
+            tokens[i, 0] = req.last_token
+            parents[i, : len(c.kept)] = torch.tensor(c.parents)
+        prefix = [r.computed for r in reqs]
+        layout = build_tree(parents, torch.tensor(prefix))
+        rows = torch.tensor([r.req_pool_idx for r in reqs])
+        fb = verify_forward_batch(tokens.view(-1).to(self.device), rows, prefix, loc, layout)
+        hidden = self.runner.forward(fb)
+        self.step.forward_ct += 1
+        logits = self.runner.compute_logits(hidden)
+        sb = SamplingBatch.from_reqs(self.row_reqs(reqs, tokens, parents), self.step.vocab_size,
+                                     self.device)  # fmt: skip
+        if masks is not None:
+            sb.set_vocab_mask((masks[:, :n].reshape(bsz * n, -1).to(self.device), None))
+        top_n = max((r.top_logprobs_num for r in reqs), default=0)
+        want_lp = top_n > 0 or any(r.return_logprob for r in reqs)
+        target = target_probs(logits, sb, want_lp)
+        tree = DraftTree(tokens.to(self.device), parents.to(self.device),
+                         kept_probs(draft, checked, n), draft.kind)  # fmt: skip
+        result = accept_trees(tree, target, [r.generator for r in reqs])
+        self.commit(reqs, prefix, loc, parents, result, target.logprobs, top_n)
+        self.stats["spec_verify_steps"] += 1
+        self.stats["spec_draft_tokens"] += sum(counts) - bsz
+        self.proposer.on_verified(reqs, *in_proposer_layout(result, hidden, checked, draft,
+                                                            self.proposer.needs_hidden))  # fmt: skip
+        live = [r for r in reqs if not r.finished] if masks is not None else []
+        if live and self.grammars.jump_forward_enabled:
+            self.results.jump_forward(live)
+        self.results.finish_decode(reqs)
+        self.results.ratio.decay()
+        return True
+
+    def row_reqs(self, reqs: list[Req], tokens: torch.Tensor, parents: torch.Tensor) -> list:
+        out = []
+        for req, toks, pars in zip(reqs, tokens.tolist(), parents.tolist()):
+            for ctx in node_contexts(toks, pars):
+                out.append(_RowReq(req.sampling_params, req.generator, req.origin_input_ids,
+                                   req.output_ids + ctx, req.stop_ids_for_min_tokens))  # fmt: skip
+        return out
+
+    def commit(
+        self,
+        reqs: list[Req],
+        prefix: list[int],
+        loc: torch.Tensor,
+        parents: torch.Tensor,
+        result: TreeAcceptResult,
+        logprobs: torch.Tensor | None,
+        top_n: int,
+    ) -> None:
+        """Keep each request's accepted path (free the rest of its tree) and append its
+        committed tokens through the result path until one stops it."""
+        table = self.cache.req_to_token
+        num_acc = result.num_accepted.tolist()
+        paths = result.path.tolist()
+        toks = result.tokens.tolist()
+        lps = result.logprobs.tolist() if result.logprobs is not None else None
+        n = parents.shape[1]
+        for i, req in enumerate(reqs):
+            a = num_acc[i]
+            path = paths[i][: a + 1]
+            commit_path(table, req.req_pool_idx, prefix[i], loc[i], parents[i], path,
+                        self.allocator)  # fmt: skip
+            req.computed = prefix[i] + a + 1
+            top = None
+            if req.top_logprobs_num and logprobs is not None:
+                rows = logprobs.view(len(reqs), n, -1)[i, path]
+                values, ids = rows.topk(top_n, dim=-1)
+                top = [list(zip(v, t)) for v, t in zip(values.tolist(), ids.tolist())]
+            host = StepTokens(toks[i][: a + 1], lps[i][: a + 1] if lps else None, top)
+            appended = 0
+            for k in range(a + 1):
+                self.results.append_token(req, k, host)
+                appended += 1
+                if req.finished:
+                    break
+            if req.finished:
+                self.drop_uncommitted(req)
+            req.spec_verify_ct += 1
+            req.spec_committed += appended
+            self.stats["spec_committed_tokens"] += appended
+            self.gate.update(req.rid, int((parents[i] >= 0).sum()), a)
+
+    def drop_uncommitted(self, req: Req) -> None:
+        """A request stopped inside its committed tokens: free the KV past its last output
+        token's position (that token has none, as after a plain decode step)."""
+        keep = req.seqlen - 1
+        if req.computed > keep:
+            row = self.cache.req_to_token.table[req.req_pool_idx]
+            self.allocator.free(row[keep : req.computed].to(torch.int64))
+            req.computed = keep
+
+    def release_gone(self, keep: list[Req]) -> None:
+        """`release` the proposer's state of requests no longer in `keep`."""
+        ids = {r.rid for r in keep}
+        for rid in [rid for rid in self.active if rid not in ids]:
+            self.proposer.release(self.active.pop(rid))
+            self.gate.release(rid)
+
+
+def kept_probs(draft: DraftTree, checked: list[CheckedDraft], n: int) -> torch.Tensor | None:
+    """The draft distributions of the kept nodes ([B, n, V]), for SAMPLED kinds."""
+    if draft.draft_probs is None:
+        return None
+    index = torch.zeros(len(checked), n, dtype=torch.int64)
+    for i, c in enumerate(checked):
+        index[i, : len(c.kept)] = torch.tensor(c.kept)
+    index = index.to(draft.draft_probs.device)
+    probs = draft.draft_probs
+    return probs.gather(1, index[:, :, None].expand(-1, -1, probs.shape[-1]))
+
+
+def in_proposer_layout(
+    result: TreeAcceptResult,
+    hidden: torch.Tensor,
+    checked: list[CheckedDraft],
+    draft: DraftTree,
+    needs_hidden: bool,
+) -> tuple[TreeAcceptResult, torch.Tensor | None]:
+    """`result` with its paths in the proposer's node numbering (the tree it proposed, before
+    the checks cut nodes) and, for proposers that need them, the verify rows' hidden states
+    scattered into that layout ([B * N, H]; rows of cut nodes are zero)."""
+    bsz, width = draft.tokens.shape
+    n = result.path.shape[1]
+    kept = torch.zeros(bsz, n, dtype=torch.int64)
+    for i, c in enumerate(checked):
+        kept[i, : len(c.kept)] = torch.tensor(c.kept)
+    kept = kept.to(result.path.device)
+    path = torch.where(result.path >= 0, kept.gather(1, result.path.clamp_min(0)), -1)
+    pad = width - n
+    grow = lambda t, v: torch.nn.functional.pad(t, (0, pad), value=v)  # noqa: E731
+    mapped = TreeAcceptResult(
+        grow(path, -1),
+        result.num_accepted,
+        grow(result.tokens, -1),
+        None if result.logprobs is None else grow(result.logprobs, float("nan")),
+    )
+    full = None
+    if needs_hidden:
+        full = hidden.new_zeros(bsz, width, hidden.shape[-1])
+        rows = torch.arange(bsz, device=hidden.device)[:, None].expand(-1, n)
+        valid = torch.arange(n)[None, :] < torch.tensor([len(c.kept) for c in checked])[:, None]
+        valid = valid.to(hidden.device)
+        full[rows[valid], kept.to(hidden.device)[valid]] = hidden.view(bsz, n, -1)[valid]
+        full = full.view(bsz * width, -1)
+    return mapped, full
