@@ -191,7 +191,12 @@ class Scheduler:
     # ---- forward -------------------------------------------------------------------------------
     def run_batch(self, batch: ScheduleBatch) -> None:
         if batch.mode == ForwardMode.EXTEND:
-            self.results.apply(self.step.run(batch))
+            out = self.step.run(batch)
+            if self.spec is not None:
+                self.spec.on_prefilled(batch)  # a draft head reads the prompt's hidden states
+            self.results.apply(out)
+            if self.spec is not None:
+                self.spec.release_finished(batch.reqs)
             return
         if self.allocator.available() + self.cache.evictable_size() < len(batch.reqs):
             self.retract_for_decode()

@@ -16,7 +16,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from radixlm.runtime.errors import InvalidRequestError
+from radixlm.runtime.models.default_model import ModelNotFoundError
 from radixlm.runtime.models.loader import resolve_model
+from radixlm.runtime.models.registry import UnsupportedModelError
 from radixlm.runtime.speculative.draft_worker import DraftModelProposer, DraftShape
 
 if TYPE_CHECKING:
@@ -53,7 +55,12 @@ def build_draft_proposer(args: ServerArgs, target: ModelRunner) -> DraftModelPro
     # NOTE: `--load-format dummy` (random weights for speed tests) gives a STANDALONE draft random
     # weights of its config too; a draft head always loads its checkpoint.
     dummy = args.load_format == "dummy" and algo == "STANDALONE"
-    source = resolve_model(path, "dummy" if dummy else "auto")
+    try:
+        source = resolve_model(path, "dummy" if dummy else "auto")
+    except (ModelNotFoundError, UnsupportedModelError) as err:
+        raise InvalidRequestError(
+            f"speculative_draft_model_path: {err}", "speculative_draft_model_path"
+        ) from err
     arch = source.config.architecture
     want = HEAD_ARCHITECTURES.get(algo)
     if want is not None and arch != want:

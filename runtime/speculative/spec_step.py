@@ -132,9 +132,29 @@ class SpeculativeStep:
             req.grammar, mask,
         )  # fmt: skip
 
+    def on_prefilled(self, batch: ScheduleBatch) -> None:
+        """After an EXTEND step, before its results apply: the proposer sees the extend rows'
+        hidden states (those it needs). `release_finished` follows the results."""
+        hidden = self.runner.take_hidden() if self.proposer.needs_hidden else None
+        self.proposer.on_prefilled(batch.reqs, hidden)
+
+    def release_finished(self, reqs: list[Req]) -> None:
+        """Requests that finished in their prefill (never decoding here): drop their state.
+        NOTE: a request still prefilling in chunks is not `active` until it decodes, so a decode
+        step in between (`release_gone`) keeps its state."""
+        for req in reqs:
+            if req.finished:
+                self.active.pop(req.rid, None)
+                self.proposer.release(req)
+
     def plain_decode(self, batch: ScheduleBatch) -> None:
-        """One token per request (no drafts), through the plain step and result path."""
-        self.results.apply(self.step.run(batch))
+        """One token per request (no drafts), through the plain step and result path; a proposer
+        that needs hidden states gets the decode rows' as a verify step that accepted nothing."""
+        out = self.step.run(batch)
+        if self.proposer.needs_hidden:
+            self.proposer.on_verified(batch.reqs, *root_only_result(
+                self.runner.take_hidden(), len(batch.reqs), self.proposer.num_nodes))  # fmt: skip
+        self.results.apply(out)
         for req in batch.reqs:
             req.spec_verify_ct += 1
             req.spec_committed += 1
@@ -172,6 +192,8 @@ class SpeculativeStep:
         hidden = self.runner.forward(fb)
         self.step.forward_ct += 1
         logits = self.runner.compute_logits(hidden)
+        # NOTE: what a draft head reads: the target's captured layers of every verify row
+        captured = self.runner.take_hidden() if self.proposer.needs_hidden else None
         sb = SamplingBatch.from_reqs(self.row_reqs(reqs, tokens, parents), self.step.vocab_size,
                                      self.device)  # fmt: skip
         if masks is not None:
@@ -185,8 +207,7 @@ class SpeculativeStep:
         self.commit(reqs, prefix, loc, parents, result, target.logprobs, top_n)
         self.stats["spec_verify_steps"] += 1
         self.stats["spec_draft_tokens"] += sum(counts) - bsz
-        self.proposer.on_verified(reqs, *in_proposer_layout(result, hidden, checked, draft,
-                                                            self.proposer.needs_hidden))  # fmt: skip
+        self.proposer.on_verified(reqs, *in_proposer_layout(result, captured, checked, draft))
         live = [r for r in reqs if not r.finished] if masks is not None else []
         if live and self.grammars.jump_forward_enabled:
             self.results.jump_forward(live)
@@ -274,16 +295,30 @@ def kept_probs(draft: DraftTree, checked: list[CheckedDraft], n: int) -> torch.T
     return probs.gather(1, index[:, :, None].expand(-1, -1, probs.shape[-1]))
 
 
+def root_only_result(
+    hidden: torch.Tensor | None, bsz: int, width: int
+) -> tuple[TreeAcceptResult, torch.Tensor | None]:
+    """A plain decode step as the proposer's verify result: every request kept its root alone
+    (`hidden` [B, H] -> the root rows of the [B * width, H] layout)."""
+    path = torch.full((bsz, width), -1, dtype=torch.int64)
+    path[:, 0] = 0
+    result = TreeAcceptResult(path, torch.zeros(bsz, dtype=torch.int64), path.clone(), None)
+    if hidden is None:
+        return result, None
+    full = hidden.new_zeros(bsz, width, hidden.shape[-1])
+    full[:, 0] = hidden
+    return result, full.view(bsz * width, -1)
+
+
 def in_proposer_layout(
     result: TreeAcceptResult,
-    hidden: torch.Tensor,
+    hidden: torch.Tensor | None,
     checked: list[CheckedDraft],
     draft: DraftTree,
-    needs_hidden: bool,
 ) -> tuple[TreeAcceptResult, torch.Tensor | None]:
     """`result` with its paths in the proposer's node numbering (the tree it proposed, before
-    the checks cut nodes) and, for proposers that need them, the verify rows' hidden states
-    scattered into that layout ([B * N, H]; rows of cut nodes are zero)."""
+    the checks cut nodes) and, where given (proposers that need them), the verify rows' hidden
+    states scattered into that layout ([B * N, H]; rows of cut nodes are zero)."""
     bsz, width = draft.tokens.shape
     n = result.path.shape[1]
     kept = torch.zeros(bsz, n, dtype=torch.int64)
@@ -300,7 +335,7 @@ def in_proposer_layout(
         None if result.logprobs is None else grow(result.logprobs, float("nan")),
     )
     full = None
-    if needs_hidden:
+    if hidden is not None:
         full = hidden.new_zeros(bsz, width, hidden.shape[-1])
         rows = torch.arange(bsz, device=hidden.device)[:, None].expand(-1, n)
         valid = torch.arange(n)[None, :] < torch.tensor([len(c.kept) for c in checked])[:, None]

@@ -26,7 +26,9 @@ def new_reqs(prompts: list[list[int]], max_new: int) -> list[Req]:
     return [Req(f"r{i}", list(p), sp, eos_ids=(), seed=0) for i, p in enumerate(prompts)]
 
 
-def _extend(target, seqs: list[list[int]], rows: list[int], slots: torch.Tensor) -> ForwardBatch:
+def extend_batch(
+    target, seqs: list[list[int]], rows: list[int], slots: torch.Tensor
+) -> ForwardBatch:
     """An EXTEND batch of whole sequences (no prefix) with the last row of each as logits row."""
     dev = target.device
     lens = [len(s) for s in seqs]
@@ -52,7 +54,7 @@ def prefill(target, proposer, reqs: list[Req], cached: int = 0, chunks: int = 1)
     for r in reqs:
         r.req_pool_idx = target.req_to_token.alloc()
     seqs = [r.origin_input_ids for r in reqs]
-    hidden = target.forward(_extend(target, seqs, [r.req_pool_idx for r in reqs], slots))
+    hidden = target.forward(extend_batch(target, seqs, [r.req_pool_idx for r in reqs], slots))
     captured = target.take_hidden()
     first = target.compute_logits(hidden).argmax(-1).tolist()
     for r, tok in zip(reqs, first):
@@ -128,7 +130,7 @@ def greedy_reference(target, prompts: list[list[int]], max_new: int) -> list[lis
     rows = [target.req_to_token.alloc() for _ in seqs]
     for _ in range(max_new):
         slots = target.kv_pool.allocator.alloc(sum(map(len, seqs)))
-        hidden = target.forward(_extend(target, seqs, rows, slots))
+        hidden = target.forward(extend_batch(target, seqs, rows, slots))
         target.take_hidden()
         target.kv_pool.allocator.free(slots)
         for s, tok in zip(seqs, target.compute_logits(hidden).argmax(-1).tolist()):

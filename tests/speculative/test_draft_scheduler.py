@@ -1,0 +1,145 @@
+"""Draft-model speculation (STANDALONE, EAGLE, EAGLE3) through the real scheduler's speculative
+step, in-process on CPU: greedy outputs token-identical with speculation on and off for a batch of
+requests (the target drafting for itself, a small random draft, random heads; chains and trees;
+chunked prefill and the radix cache), forced acceptance when the draft is the target, and the
+draft's KV all given back once the requests finish."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from speculative.draft_heads import save_head, save_llama
+from speculative.spec_loop import extend_batch
+from speculative.test_spec_scheduler import gen, ids_of, prompt, run_all
+
+from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.models.loader import resolve_model
+from radixlm.runtime.scheduler.scheduler import Scheduler
+from radixlm.runtime.server_args import ServerArgs
+
+REQS = [(f"r{k}", prompt(k, 12 + 5 * k), 10 + 3 * k) for k in range(4)]
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory) -> dict[str, str]:
+    out = {}
+    for name, make in (
+        ("target", lambda p: save_llama(p, seed=0)),
+        ("small", lambda p: save_llama(p, seed=5, hidden=32, layers=1, heads=2)),
+        ("EAGLE", lambda p: save_head(p, "EAGLE", seed=1)),
+        ("EAGLE3", lambda p: save_head(p, "EAGLE3", seed=1)),
+    ):
+        out[name] = str(tmp_path_factory.mktemp(name.lower()))
+        make(out[name])
+    out["self"] = out["target"]
+    return out
+
+
+def make_scheduler(paths: dict[str, str], draft: str | None = None, **kwargs: Any) -> Scheduler:
+    opts: dict[str, Any] = {"max_total_tokens": 2048, **kwargs}
+    if draft is not None:
+        opts["speculative_draft_model_path"] = paths[draft]
+    args = ServerArgs(model_path=paths["target"], device="cpu", skip_tokenizer_init=True,
+                      random_seed=0, num_threads=1, **opts)  # fmt: skip
+    return Scheduler(args, ModelRunner(args, resolve_model(paths["target"])))
+
+
+def run(s: Scheduler) -> dict[str, Any]:
+    for rid, ids, max_new in REQS:
+        s.handle(gen(rid, ids, max_new_tokens=max_new))
+    return run_all(s)
+
+
+@pytest.fixture(scope="module")
+def plain(paths) -> dict[str, list[int]]:
+    return ids_of(run(make_scheduler(paths)))
+
+
+def _draft_idle(s: Scheduler) -> None:
+    proposer = s.spec.proposer
+    kv, rows = proposer.runner.kv_pool.allocator, proposer.runner.req_to_token
+    assert not proposer.states
+    assert kv.available() == kv.capacity and rows.available() == rows.size
+
+
+def test_self_draft_is_accepted_whole(paths, plain) -> None:
+    s = make_scheduler(paths, "self", speculative_algorithm="STANDALONE",
+                       speculative_num_steps=3)  # fmt: skip
+    outs = run(s)
+    assert ids_of(outs) == plain
+    for o in outs.values():  # 4 tokens a step, but for the last step of each request
+        assert o.spec_committed >= 4 * (o.spec_verify_ct - 1) + 1
+    _draft_idle(s)
+
+
+@pytest.mark.parametrize(
+    "algo,draft,flags",
+    [
+        ("STANDALONE", "small", {}),
+        ("STANDALONE", "small", {"speculative_eagle_topk": 2, "chunked_prefill_size": 16}),
+        ("EAGLE", "EAGLE", {"speculative_num_steps": 2}),
+        ("EAGLE", "EAGLE", {"speculative_eagle_topk": 3, "speculative_num_draft_tokens": 6,
+                            "chunked_prefill_size": 16}),
+        ("EAGLE3", "EAGLE3", {"speculative_eagle_topk": 2}),
+    ],
+)  # fmt: skip
+def test_greedy_outputs_equal_plain_decoding(paths, plain, algo, draft, flags) -> None:
+    s = make_scheduler(paths, draft, speculative_algorithm=algo, **flags)
+    fed = _record_features(s) if algo != "STANDALONE" else None
+    outs = ids_of(run(s))
+    assert outs == plain
+    assert s.stats["spec_draft_tokens"] > 0
+    _draft_idle(s)
+    if fed is not None:
+        _check_features(s, fed, outs)
+
+
+def _record_features(s: Scheduler) -> dict[str, dict[int, torch.Tensor]]:
+    """Every target feature the head is given, by request and position."""
+    proposer, fed = s.spec.proposer, {}
+    queue = proposer._queue_features
+
+    def record(req, position, feats):
+        for j in range(feats.shape[0]):
+            fed.setdefault(req.rid, {})[position + j] = feats[j].clone()
+        queue(req, position, feats)
+
+    proposer._queue_features = record
+    return fed
+
+
+def _check_features(s: Scheduler, fed: dict, outs: dict[str, list[int]]) -> None:
+    """Each fed feature is the target's own hidden state (the captured layers) at its position
+    in the final sequence: prefill rows, verify rows on accepted paths, plain decode rows."""
+    for rid, ids, _ in REQS:
+        seq = ids + outs[rid]
+        row = s.runner.req_to_token.alloc()
+        slots = s.runner.kv_pool.allocator.alloc(len(seq))
+        s.runner.forward(extend_batch(s.runner, [seq], [row], slots))
+        full = s.runner.take_hidden()
+        s.runner.kv_pool.allocator.free(slots)
+        s.runner.req_to_token.free(row)
+        assert set(fed[rid]) == set(range(len(ids) + len(outs[rid]) - 1))
+        for pos, f in fed[rid].items():
+            assert torch.allclose(f, full[pos], atol=1e-4), (rid, pos)
+
+
+def test_multi_turn_with_a_head(paths) -> None:
+    """Turns that extend the previous turn's text: cache hits (the head gets no features for the
+    cached part) and the same answers with speculation on and off."""
+
+    def turns(s: Scheduler) -> tuple[list[int], list[list[int]]]:
+        cached, answers, history = [], [], prompt(1, 20)
+        for turn in range(3):
+            s.handle(gen(f"t{turn}", history, max_new_tokens=8))
+            out = run_all(s)[f"t{turn}"]
+            cached.append(out.cached_tokens)
+            answers.append(out.new_ids)
+            history = history + out.new_ids + prompt(turn + 10, 4)
+        return cached, answers
+
+    off = turns(make_scheduler(paths))
+    on = turns(make_scheduler(paths, "EAGLE", speculative_algorithm="EAGLE"))
+    assert on == off and sum(on[0]) > 0
