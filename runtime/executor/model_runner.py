@@ -151,7 +151,10 @@ class ModelRunner:
             from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 
             max_bs = min(args.cuda_graph_max_bs, self.max_running)
-            self.graphs = CudaGraphRunner(self.model, self.attn, max_bs, self.device)
+            # NOTE: a draft head's decode steps read features as wide as its hidden size
+            width = getattr(self.model, "graph_feature_dim", None)
+            features = None if width is None else (width, self.dtype)
+            self.graphs = CudaGraphRunner(self.model, self.attn, max_bs, self.device, features)
         if self.device.type == "cuda":
             self._warm_extend()
 
@@ -223,7 +226,14 @@ class ModelRunner:
             # NOTE: keep room outside the fraction for activations, logits and CUDA graphs
             # (their memory pool is allocated after the KV pool, out of the remaining share).
             budget = total * fraction - torch.cuda.memory_allocated(self.device)
-            tokens = int(budget // per_token)
+            # NOTE: a draft model (speculative decoding) is built after this runner, inside the
+            # same fraction: its weights and one draft KV token per target token
+            from radixlm.runtime.speculative.draft_setup import draft_memory
+
+            draft = draft_memory(self.args, self.dtype, self.kv_dtype)
+            if draft is not None:
+                budget -= draft.weight_bytes
+            tokens = int(budget // (per_token + (draft.kv_bytes_per_token if draft else 0)))
         else:
             ram_cap = int(psutil.virtual_memory().total * 0.25 // per_token)
             tokens = min(CPU_DEFAULT_KV_TOKENS, ram_cap)

@@ -48,7 +48,8 @@ class DraftHead(nn.Module):
     input hidden states make a feature; `num_hidden_layers` of the target means its final normed
     output), `bind_target`, `split_output`, `to_target_ids`."""
 
-    feature_dim: int
+    feature_dim: int  # the width of a target feature row (the catch-up rows)
+    graph_feature_dim: int  # the width of a draft step's feature row (its own hidden size)
     target: TargetParts | None = None
 
     def bind_target(self, embed: nn.Module, logits: Callable[[torch.Tensor], torch.Tensor]) -> None:
@@ -92,7 +93,7 @@ class EagleHead(DraftHead):
         super().__init__()
         self.config = config
         h = config.hidden_size
-        self.feature_dim = h
+        self.feature_dim = self.graph_feature_dim = h
         # NOTE: the bias starts at zero, so a checkpoint trained without one loads as is.
         self.fc = Linear(2 * h, h, bias=True)
         nn.init.zeros_(self.fc.bias)

@@ -77,6 +77,7 @@ class Eagle3Head(DraftHead):
         h = config.hidden_size
         target_h = int(hf.get("target_hidden_size") or h)
         self.feature_dim = 3 * target_h
+        self.graph_feature_dim = h
         self.fc = Linear(3 * target_h, h, bias=bool(hf.get("bias", False)))
         self.midlayer = Eagle3MidLayer(config, fused_ops)
         self.norm = RMSNorm(h, config.rms_norm_eps, fused_ops)

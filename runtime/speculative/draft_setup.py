@@ -6,16 +6,21 @@ path and: a KV pool of the target's slots plus `max_running * topk * num_steps` 
 (the draft holds at most the running requests' tokens, which the target's pool also holds;
 where it runs out, requests propose less), `topk` `req_to_token` rows per running request, a
 context `num_steps + 1` longer (tree nodes past the last position), and CUDA graphs for its draft
-steps (STANDALONE; a draft head runs eager: its graphs would need a static feature input).
+steps up to `topk` x the target's graph batch bound (a head's with a static feature input,
+cuda_graph_runner.py).
 An EAGLE head is bound to the target's token embedding and logits, and the target captures the
-hidden states the head reads (`ModelRunner.set_hidden_capture`).
+hidden states the head reads (`ModelRunner.set_hidden_capture`). On GPU the target's KV pool is
+sized with the draft in the budget (`draft_memory`): its weights and its KV per token.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
 
 from radixlm.runtime.errors import InvalidRequestError
+from radixlm.runtime.mem.kv_pool import KVPool
 from radixlm.runtime.models.default_model import ModelNotFoundError
 from radixlm.runtime.models.loader import resolve_model
 from radixlm.runtime.models.registry import UnsupportedModelError
@@ -34,6 +39,37 @@ def draft_shape(args: ServerArgs) -> DraftShape:
     """The tree flags with their defaults: 3 steps, topk 1 (a chain), every chain node."""
     steps = args.speculative_num_steps or DEFAULT_NUM_STEPS
     return DraftShape.of(steps, args.speculative_eagle_topk or 1, args.speculative_num_draft_tokens)
+
+
+class DraftMemory(NamedTuple):
+    weight_bytes: int  # the draft's weights in the model dtype (estimated from its config)
+    kv_bytes_per_token: int  # its KV per token over all its layers
+
+
+def draft_memory(args: ServerArgs, dtype: torch.dtype, kv_dtype: torch.dtype) -> DraftMemory | None:
+    """What the draft of `args` will hold on the device, which the target's KV pool leaves room
+    for (ModelRunner._init_memory on GPU); None without a draft model. A head shares the target's
+    embedding (and, for EAGLE, its LM head)."""
+    algo = args.speculative_algorithm
+    if algo not in DRAFT_ALGORITHMS or not args.speculative_draft_model_path:
+        return None
+    dummy = args.load_format == "dummy" and algo == "STANDALONE"
+    cfg = resolve_model(args.speculative_draft_model_path, "dummy" if dummy else "auto").config
+    h, layers = cfg.hidden_size, cfg.num_hidden_layers
+    attn_in = 2 * h if algo == "EAGLE3" else h
+    per_layer = (
+        attn_in * (cfg.q_size + 2 * cfg.kv_size) + cfg.q_size * h + 3 * h * cfg.intermediate_size
+    )
+    params = layers * per_layer
+    if algo == "STANDALONE":
+        params += cfg.vocab_size * h * (1 if cfg.tie_word_embeddings else 2)
+    elif algo == "EAGLE":
+        params += 2 * h * h
+    else:
+        params += 3 * int(cfg.hf_config.get("target_hidden_size") or h) * h
+        params += int(cfg.hf_config.get("draft_vocab_size") or 0) * h
+    kv = KVPool.bytes_per_token(layers, cfg.num_key_value_heads, cfg.head_dim, kv_dtype)
+    return DraftMemory(params * torch.finfo(dtype).bits // 8, kv)
 
 
 def build_draft_proposer(args: ServerArgs, target: ModelRunner) -> DraftModelProposer:
@@ -83,6 +119,8 @@ def build_draft_proposer(args: ServerArgs, target: ModelRunner) -> DraftModelPro
     shape = draft_shape(args)
     eagle = want is not None
     extra = target.max_running * shape.topk * shape.num_steps
+    # NOTE: a draft step runs `topk` rows per request: graphs up to the target's bound times topk
+    graph_bs = min(args.resolved().cuda_graph_max_bs or target.max_running, target.max_running)
     draft_args = args.replace(
         model_path=path,
         load_format=source.load_format,
@@ -92,10 +130,7 @@ def build_draft_proposer(args: ServerArgs, target: ModelRunner) -> DraftModelPro
         max_total_tokens=target.kv_pool.num_slots + extra,
         max_running_requests=target.max_running * shape.topk,
         context_length=target.context_len + shape.num_steps + 1,
-        disable_cuda_graph=args.disable_cuda_graph or eagle,
-        cuda_graph_max_bs=None
-        if args.cuda_graph_max_bs is None
-        else args.cuda_graph_max_bs * shape.topk,
+        cuda_graph_max_bs=graph_bs * shape.topk,
     )
 
     def bind(model) -> None:

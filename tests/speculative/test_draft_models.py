@@ -21,7 +21,7 @@ from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.models.loader import resolve_model
 from radixlm.runtime.server_args import ServerArgs
-from radixlm.runtime.speculative.draft_setup import build_draft_proposer
+from radixlm.runtime.speculative.draft_setup import build_draft_proposer, draft_memory
 
 TARGET_SEED = 0
 PROMPTS = [[5, 17, 250, 3, 99, 42, 7], [11, 300, 8, 8, 64], [400, 2, 77, 19, 5, 23, 123, 88, 6]]
@@ -242,3 +242,28 @@ def test_drafts_that_do_not_fit_are_refused(paths, tmp_path, algo, draft, match)
     with pytest.raises(InvalidRequestError, match=match) as err:
         build({**paths, "vocab": str(tmp_path)}, algo, draft)
     assert err.value.field == "speculative_draft_model_path"
+
+
+@pytest.mark.parametrize("algo,draft", [("STANDALONE", "small"), ("EAGLE", "EAGLE"),
+                                        ("EAGLE3", "EAGLE3")])  # fmt: skip
+def test_draft_memory_estimate(paths, algo, draft) -> None:
+    """The GPU sizing's estimate of the draft (ModelRunner._init_memory): its weights' bytes
+    within 5 % of the loaded draft's parameters, its KV bytes per token those of its pool."""
+    args = ServerArgs(model_path=paths["target"], speculative_algorithm=algo,
+                      speculative_draft_model_path=paths[draft])  # fmt: skip
+    mem = draft_memory(args, torch.bfloat16, torch.bfloat16)
+    _, proposer = build(paths, algo, draft)
+    model = proposer.runner.model
+    params = sum(
+        p.numel() for n, p in model.named_parameters() if "norm" not in n and "bias" not in n
+    )
+    assert abs(mem.weight_bytes / 2 - params) <= 0.05 * params
+    cfg = proposer.runner.config
+    assert (
+        mem.kv_bytes_per_token
+        == 2 * 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim
+    )
+    assert (
+        draft_memory(ServerArgs(speculative_algorithm="NGRAM"), torch.bfloat16, torch.bfloat16)
+        is None
+    )
