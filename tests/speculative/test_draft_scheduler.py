@@ -12,7 +12,8 @@ import pytest
 import torch
 from speculative.draft_heads import save_head, save_llama
 from speculative.spec_loop import extend_batch
-from speculative.test_spec_scheduler import gen, ids_of, prompt, run_all
+from speculative.test_spec_scheduler import VOCAB, _filtered, gen, ids_of, prompt, run_all
+from speculative.tree_stats import ALPHA, chi2_pvalue
 
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.models.loader import resolve_model
@@ -143,3 +144,26 @@ def test_multi_turn_with_a_head(paths) -> None:
     off = turns(make_scheduler(paths))
     on = turns(make_scheduler(paths, "EAGLE", speculative_algorithm="EAGLE"))
     assert on == off and sum(on[0]) > 0
+
+
+def test_sampling_through_draft_trees_keeps_the_target_distribution(paths) -> None:
+    """Temperature 1 with top-k and top-p; a STANDALONE draft's top-2 children at depth 1 (a
+    DETERMINISTIC tree; the target drafting for itself, so that children are often accepted):
+    the first two output tokens' joint frequencies fit the target's own probabilities (χ²). The
+    first token is sampled by the prefill, the second by the verify step (a child accepted, or
+    the residual's draw)."""
+    s = make_scheduler(paths, "self", speculative_algorithm="STANDALONE", speculative_num_steps=1,
+                       speculative_eagle_topk=2, max_running_requests=128)  # fmt: skip
+    ids = prompt(3, 12)
+    sp = {"temperature": 1.0, "top_k": 4, "top_p": 0.9, "max_new_tokens": 3}
+    first = _filtered(s, ids, sp)
+    joint = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
+    for a in torch.nonzero(first).flatten().tolist():
+        joint[a] = first[a] * _filtered(s, [*ids, a], sp)
+    samples = 2000
+    for k in range(samples):
+        s.handle(gen(f"s{k}", ids, seed=k, **sp))
+    pairs = torch.tensor([o.new_ids[0] * VOCAB + o.new_ids[1] for o in run_all(s).values()])
+    assert chi2_pvalue(pairs, joint.flatten()) > ALPHA
+    assert s.stats["spec_draft_tokens"] >= samples  # every request verified its two children
+    _draft_idle(s)
