@@ -17,6 +17,7 @@ from safetensors.torch import save_file
 
 H, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB = 64, 4, 2, 16, 96, 512
 DRAFT_VOCAB = 128
+TARGET_SEED = 0  # the target's weights (conftest.py `paths`)
 EPS, THETA = 1e-5, 10000.0
 # EAGLE-3 captures the inputs of target layers id + 1: layer 0 (the embedding), and layer 1 twice
 AUX_LAYER_IDS = [-1, 0, 0]

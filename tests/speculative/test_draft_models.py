@@ -9,6 +9,7 @@ import pytest
 import torch
 from speculative.draft_heads import (
     AUX_LAYER_IDS,
+    TARGET_SEED,
     head_tensors,
     reference_head,
     save_head,
@@ -23,23 +24,7 @@ from radixlm.runtime.models.loader import resolve_model
 from radixlm.runtime.server_args import ServerArgs
 from radixlm.runtime.speculative.draft_setup import build_draft_proposer, draft_memory
 
-TARGET_SEED = 0
 PROMPTS = [[5, 17, 250, 3, 99, 42, 7], [11, 300, 8, 8, 64], [400, 2, 77, 19, 5, 23, 123, 88, 6]]
-
-
-@pytest.fixture(scope="module")
-def paths(tmp_path_factory) -> dict[str, str]:
-    """The target, a smaller random draft with its vocabulary, and the two random heads."""
-    out = {}
-    for name, make in (
-        ("target", lambda p: save_llama(p, seed=TARGET_SEED)),
-        ("small", lambda p: save_llama(p, seed=5, hidden=32, layers=1, heads=2)),
-        ("EAGLE", lambda p: save_head(p, "EAGLE", seed=1)),
-        ("EAGLE3", lambda p: save_head(p, "EAGLE3", seed=1)),
-    ):
-        out[name] = str(tmp_path_factory.mktemp(name.lower()))
-        make(out[name])
-    return out
 
 
 def build(paths: dict[str, str], algo: str, draft: str, device: str = "cpu", **flags):
@@ -109,7 +94,6 @@ def test_head_forward_matches_the_reference(paths, tmp_path, kind) -> None:
 def test_standalone_self_draft_proposes_the_greedy_continuation(paths) -> None:
     """The target drafting for itself (draft == target): the chain is the target's own greedy
     continuation, every draft is accepted, and the output is plain greedy decoding's."""
-    paths = {**paths, "self": paths["target"]}
     target, proposer = build(paths, "STANDALONE", "self", speculative_num_steps=4)
     reqs = new_reqs(PROMPTS, 16)
     prefill(target, proposer, reqs)
@@ -170,7 +154,6 @@ def test_heads_after_a_cached_prefix_and_chunked_prefill(paths, algo) -> None:
 def test_standalone_redraws_after_the_tokens_change(paths) -> None:
     """A rewritten output tail (a jump-forward re-tokenizes it): the draft drops its rows from
     the first changed token and proposes the greedy continuation of the new tokens."""
-    paths = {**paths, "self": paths["target"]}
     target, proposer = build(paths, "STANDALONE", "self", speculative_num_steps=3)
     reqs = new_reqs(PROMPTS[:2], 16)
     prefill(target, proposer, reqs)

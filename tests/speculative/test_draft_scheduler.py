@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 import torch
-from speculative.draft_heads import save_head, save_llama
 from speculative.spec_loop import extend_batch
 from speculative.test_spec_scheduler import VOCAB, _filtered, gen, ids_of, prompt, run_all
 from speculative.tree_stats import ALPHA, chi2_pvalue
@@ -21,21 +20,6 @@ from radixlm.runtime.scheduler.scheduler import Scheduler
 from radixlm.runtime.server_args import ServerArgs
 
 REQS = [(f"r{k}", prompt(k, 12 + 5 * k), 10 + 3 * k) for k in range(4)]
-
-
-@pytest.fixture(scope="module")
-def paths(tmp_path_factory) -> dict[str, str]:
-    out = {}
-    for name, make in (
-        ("target", lambda p: save_llama(p, seed=0)),
-        ("small", lambda p: save_llama(p, seed=5, hidden=32, layers=1, heads=2)),
-        ("EAGLE", lambda p: save_head(p, "EAGLE", seed=1)),
-        ("EAGLE3", lambda p: save_head(p, "EAGLE3", seed=1)),
-    ):
-        out[name] = str(tmp_path_factory.mktemp(name.lower()))
-        make(out[name])
-    out["self"] = out["target"]
-    return out
 
 
 def make_scheduler(paths: dict[str, str], draft: str | None = None, **kwargs: Any) -> Scheduler:
