@@ -23,11 +23,11 @@ REQS = [(f"r{k}", prompt(k, 12 + 5 * k), 10 + 3 * k) for k in range(4)]
 
 
 def make_scheduler(paths: dict[str, str], draft: str | None = None, **kwargs: Any) -> Scheduler:
-    opts: dict[str, Any] = {"max_total_tokens": 2048, **kwargs}
+    opts: dict[str, Any] = {"max_total_tokens": 2048, "device": "cpu", **kwargs}
     if draft is not None:
         opts["speculative_draft_model_path"] = paths[draft]
-    args = ServerArgs(model_path=paths["target"], device="cpu", skip_tokenizer_init=True,
-                      random_seed=0, num_threads=1, **opts)  # fmt: skip
+    args = ServerArgs(model_path=paths["target"], skip_tokenizer_init=True, random_seed=0,
+                      num_threads=1, **opts)  # fmt: skip
     return Scheduler(args, ModelRunner(args, resolve_model(paths["target"])))
 
 
