@@ -17,7 +17,10 @@ from radixlm.runtime.models.loader import resolve_model
 from radixlm.runtime.server_args import ServerArgs
 from radixlm.runtime.speculative.draft_setup import build_draft_proposer
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
 
 PROMPTS = [[5, 17, 250, 3, 99, 42, 7], [11, 300, 8, 8, 64], [400, 2, 77, 19, 5, 23, 123, 88, 6]]
 CASES = [
