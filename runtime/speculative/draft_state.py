@@ -27,6 +27,9 @@ class ReqDraftState:
     tokens: list[int] = field(default_factory=list)  # the input token of each held row
     slots: list[torch.Tensor] = field(default_factory=list)  # their draft KV slots, in order
     features: list[torch.Tensor] = field(default_factory=list)  # EAGLE: target rows, not yet run
+    # STANDALONE, between a proposal and its verify step: tree node -> (draft slot, token) of the
+    # proposed nodes whose draft KV was computed (kept if the node is accepted, else freed)
+    held: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def num_rows(self) -> int:
@@ -47,6 +50,12 @@ class ReqDraftState:
         rest = feats[n:]
         self.features = [rest] if rest.shape[0] else []
         return feats[:n]
+
+    def take_held(self) -> list[int]:
+        """The held nodes' slots, no longer held (to free)."""
+        slots = [slot for slot, _ in self.held.values()]
+        self.held = {}
+        return slots
 
     def all_slots(self) -> torch.Tensor:
         if not self.slots:

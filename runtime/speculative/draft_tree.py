@@ -34,18 +34,29 @@ def max_candidates(topk: int, num_steps: int) -> int:
     return topk + (num_steps - 1) * topk * topk
 
 
+def best_candidates(scores: torch.Tensor, keep: int) -> torch.Tensor:
+    """[B, keep] the numbers of each request's `keep` best candidates (ties: the lower number),
+    in increasing order (parents first): node j + 1 of its tree is candidate [:, j]."""
+    order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :keep]
+    return order.sort(dim=1).values
+
+
 def select_tree(
-    cands: CandidateSet, roots: torch.Tensor, active: torch.Tensor, num_nodes: int
+    cands: CandidateSet,
+    roots: torch.Tensor,
+    active: torch.Tensor,
+    num_nodes: int,
+    chosen: torch.Tensor | None = None,
 ) -> DraftTree:
     """The DraftTree [B, num_nodes] of each request's best `num_nodes - 1` candidates under its
-    root token (`roots` [B]); a request with `active` False gets its root alone (the rest
-    padding). Needs `num_nodes - 1 <= C`."""
+    root token (`roots` [B]; `chosen`: `best_candidates`, computed here when None); a request
+    with `active` False gets its root alone (the rest padding). Needs `num_nodes - 1 <= C`."""
     bsz, c = cands.scores.shape
     keep = num_nodes - 1
     assert 0 <= keep <= c, (keep, c)
     device = cands.scores.device
-    order = torch.sort(cands.scores, dim=1, descending=True, stable=True).indices[:, :keep]
-    chosen = order.sort(dim=1).values  # [B, keep] candidate numbers, parents first
+    if chosen is None:
+        chosen = best_candidates(cands.scores, keep)
     node_of = torch.full((bsz, c), -1, dtype=torch.int64, device=device)
     node_of.scatter_(1, chosen, torch.arange(1, keep + 1, device=device).expand(bsz, keep))
     parent_cand = cands.parents.gather(1, chosen)

@@ -35,9 +35,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
+from radixlm.runtime.speculative.draft_expand import expand_tree
 from radixlm.runtime.speculative.draft_state import ReqDraftState
 from radixlm.runtime.speculative.draft_tree import (
-    CandidateSet,
+    best_candidates,
     max_candidates,
     root_only,
     select_tree,
@@ -99,6 +100,7 @@ class DraftModelProposer(Proposer):
             self._free(st)
 
     def _free(self, st: ReqDraftState) -> None:
+        self._free_slots(st.take_held())
         self.runner.kv_pool.allocator.free(st.all_slots().to(self.runner.device))
         for row in st.rows:
             self.runner.req_to_token.free(row)
@@ -115,11 +117,21 @@ class DraftModelProposer(Proposer):
             self._queue_features(req, req.computed - n, hidden[offset : offset + n])
             offset += n
 
+    def _free_slots(self, slots: list[int]) -> None:
+        if slots:
+            dev = self.runner.device
+            self.runner.kv_pool.allocator.free(torch.tensor(slots, dtype=torch.int64, device=dev))
+
     def on_verified(
         self, reqs: Sequence[Req], result: TreeAcceptResult, hidden: torch.Tensor | None
     ) -> None:
-        """Queue the target's features of each request's root and accepted nodes."""
-        if not self.needs_hidden or hidden is None:
+        """STANDALONE: keep the draft KV of the accepted nodes the draft ran (the path below the
+        root, up to the first node it did not run); EAGLE: queue the target's features of each
+        request's root and accepted nodes."""
+        if not self.needs_hidden:
+            self._keep_accepted(reqs, result)
+            return
+        if hidden is None:
             return
         n = self.num_nodes
         for i, req in enumerate(reqs):
@@ -129,6 +141,33 @@ class DraftModelProposer(Proposer):
             a = int(result.num_accepted[i])
             rows = result.path[i, : a + 1].to(hidden.device) + i * n
             self._queue_features(req, st.next_position + st.num_features, hidden[rows])
+
+    def _keep_accepted(self, reqs: Sequence[Req], result: TreeAcceptResult) -> None:
+        num_acc = result.num_accepted.tolist()
+        paths = result.path.tolist()
+        for i, req in enumerate(reqs):
+            st = self.states.get(req.rid)
+            if st is None or not st.held:
+                continue
+            slots, tokens = [], []
+            for node in paths[i][1 : num_acc[i] + 1]:
+                if node not in st.held:
+                    break
+                slot, token = st.held.pop(node)
+                slots.append(slot)
+                tokens.append(token)
+            self._free_slots(st.take_held())
+            if not slots:
+                continue
+            # NOTE: the proposal's catch-up ended at the root: these rows follow it, at the
+            # positions and with the context the catch-up would give them.
+            dev = self.runner.device
+            kept = torch.tensor(slots, dtype=torch.int64, device=dev)
+            rows = torch.tensor(st.rows, dtype=torch.int64, device=dev)
+            n = st.num_rows
+            self.runner.req_to_token.table[rows, n : n + len(slots)] = kept.to(torch.int32)
+            st.tokens.extend(tokens)
+            st.slots.append(kept)
 
     def _queue_features(self, req: Req, position: int, feats: torch.Tensor) -> None:
         st = self.states.get(req.rid)
@@ -170,21 +209,50 @@ class DraftModelProposer(Proposer):
         work = self._plan_catchup(reqs)
         if not work:
             return tree
-        k, steps = self.shape.topk, self.shape.num_steps
-        tree_slots = self.runner.kv_pool.allocator.alloc(len(work) * k * (steps - 1))
-        if tree_slots is None:
+        a, k, steps = len(work), self.shape.topk, self.shape.num_steps
+        keep_kv = not self.needs_hidden  # STANDALONE keeps the accepted nodes' draft KV
+        forwards = steps - 1 + int(keep_kv)
+        allocator = self.runner.kv_pool.allocator
+        tree_slots = allocator.alloc(a * k * forwards) if forwards else None
+        if forwards and tree_slots is None:
             return tree
+        held: list[int] = []
         try:
-            out = self._catchup(work)
-            cands = self._expand(work, out, tree_slots.view(len(work), k, steps - 1))
+            exp = expand_tree(
+                self.runner, self._draft_step,
+                self.model.to_target_ids if self.needs_hidden else (lambda ids: ids), steps,
+                torch.tensor([w.state.rows for w in work], dtype=torch.int64, device=device),
+                torch.tensor([w.prefix + len(w.tokens) for w in work], device=device),
+                torch.tensor([w.first + len(w.tokens) - 1 for w in work], device=device),
+                self._catchup(work),
+                tree_slots.view(a, k, forwards) if forwards else None,
+                keep_kv,
+            )  # fmt: skip
+            chosen = best_candidates(exp.cands.scores, self.num_nodes - 1)
+            index = torch.tensor([w.index for w in work], dtype=torch.int64, device=device)
+            active = torch.ones(a, dtype=torch.bool, device=device)
+            drafted = select_tree(exp.cands, roots[index], active, self.num_nodes, chosen)
+            if keep_kv:
+                held = self._hold(work, exp.frontier, chosen, drafted.tokens)
         finally:
-            self.runner.kv_pool.allocator.free(tree_slots)
-        index = torch.tensor([w.index for w in work], dtype=torch.int64, device=device)
-        active = torch.ones(len(work), dtype=torch.bool, device=device)
-        drafted = select_tree(cands, roots[index], active, self.num_nodes)
+            if tree_slots is not None:
+                kept = torch.tensor(held, dtype=torch.int64, device=device)
+                allocator.free(tree_slots[~torch.isin(tree_slots, kept)])
         tree.tokens[index] = drafted.tokens
         tree.parents[index] = drafted.parents
         return tree
+
+    def _hold(self, work, frontier, chosen: torch.Tensor, tokens: torch.Tensor) -> list[int]:
+        """Record, per request, the proposed nodes whose draft KV the expansion computed
+        (`ReqDraftState.held`); returns their slots."""
+        cands = torch.stack([c for c, _ in frontier], dim=1).flatten(1).tolist()
+        slots = torch.stack([s for _, s in frontier], dim=1).flatten(1).tolist()
+        held = []
+        for w, cs, ss, picks, toks in zip(work, cands, slots, chosen.tolist(), tokens.tolist()):
+            ran = dict(zip(cs, ss))
+            w.state.held = {j: (ran[c], toks[j]) for j, c in enumerate(picks, start=1) if c in ran}
+            held.extend(slot for slot, _ in w.state.held.values())
+        return held
 
     def _plan_catchup(self, reqs: Sequence[Req]) -> list[_Catchup]:
         """The requests that can draft this step and their catch-up rows (slots allocated)."""
@@ -195,6 +263,7 @@ class DraftModelProposer(Proposer):
             st = self._sync(req)
             if st is None:
                 continue
+            self._free_slots(st.take_held())  # a proposal that was not verified
             frontier = req.seqlen - 1 - self.shift  # its output is the root's draft distribution
             first = st.next_position
             if frontier < first:  # proposed twice without a commit: redo the frontier row
@@ -225,11 +294,26 @@ class DraftModelProposer(Proposer):
         return work
 
     def _catchup(self, work: list[_Catchup]) -> torch.Tensor:
-        """The catch-up EXTEND forward; the draft output of each request's frontier row."""
+        """The catch-up forward; the draft output of each request's frontier row. One row per
+        request (a STANDALONE draft that kept the accepted nodes' KV) runs as a DECODE batch (the
+        one-call CPU decode, the draft's CUDA graphs)."""
         dev = self.runner.device
         lens = [len(w.tokens) for w in work]
         prefix = [w.prefix for w in work]
         seq = [p + n for p, n in zip(prefix, lens)]
+        if not self.needs_hidden and all(n == 1 for n in lens):
+            return self.runner.forward(
+                ForwardBatch(
+                    mode=ForwardMode.DECODE,
+                    batch_size=len(work),
+                    input_ids=torch.tensor([w.tokens[0] for w in work], device=dev),
+                    positions=torch.tensor([w.first for w in work], device=dev),
+                    out_cache_loc=torch.cat([w.state.slots[-1] for w in work]).to(dev),
+                    req_pool_indices=torch.tensor([w.state.rows[0] for w in work], device=dev),
+                    seq_lens=torch.tensor(seq, device=dev),
+                    seq_lens_cpu=seq,
+                )
+            )
         starts = [0]
         for n in lens[:-1]:
             starts.append(starts[-1] + n)
@@ -264,64 +348,3 @@ class DraftModelProposer(Proposer):
             logit_in, feats = out, None
         logits = self.runner.compute_logits(logit_in).float()
         return torch.log_softmax(logits, dim=-1).clamp(max=0.0), feats
-
-    def _expand(self, work: list[_Catchup], out: torch.Tensor, slots: torch.Tensor) -> CandidateSet:
-        """The top-k expansion (draft_tree.py) from the frontier rows' outputs `out`; `slots`
-        [A, topk, num_steps - 1] holds each branch's tree slot per step."""
-        dev, k = self.runner.device, self.shape.topk
-        a = len(work)
-        table = self.runner.req_to_token.table
-        to_target = self.model.to_target_ids if self.needs_hidden else (lambda ids: ids)
-        logp, feats = self._draft_step(out)
-        top = logp.topk(k, dim=-1)
-        draft_ids, scores = top.indices, top.values  # [A, k]
-        tokens = [to_target(draft_ids)]
-        score_list = [scores]
-        parent_list = [torch.full((a, k), -1, dtype=torch.int64, device=dev)]
-        cand = torch.arange(k, device=dev).expand(a, k)  # frontier nodes' candidate numbers
-        frontier_tokens = tokens[0]
-        branch_rows = torch.tensor([w.state.rows for w in work], dtype=torch.int64, device=dev)
-        base = torch.tensor([w.prefix + len(w.tokens) for w in work], dtype=torch.int64, device=dev)
-        frontier = torch.tensor([w.first + len(w.tokens) - 1 for w in work], device=dev)
-        parent_branch = None
-        if feats is not None:
-            feats = feats[:, None].expand(a, k, feats.shape[-1])
-        for d in range(1, self.shape.num_steps):
-            if parent_branch is not None and d >= 2:  # a new frontier node takes its parent's path
-                cols = base[:, None] + torch.arange(d - 1, device=dev)
-                src = table[branch_rows.gather(1, parent_branch)[:, :, None], cols[:, None, :]]
-                table[branch_rows[:, :, None], cols[:, None, :]] = src
-            step_slots = slots[:, :, d - 1]
-            table[branch_rows, (base + d - 1)[:, None].expand(a, k)] = step_slots.to(torch.int32)
-            seq = (base + d)[:, None].expand(a, k).reshape(-1)
-            batch = ForwardBatch(
-                mode=ForwardMode.DECODE,
-                batch_size=a * k,
-                input_ids=frontier_tokens.reshape(-1),
-                positions=(frontier + d)[:, None].expand(a, k).reshape(-1),
-                out_cache_loc=step_slots.reshape(-1).to(dev),
-                req_pool_indices=branch_rows.reshape(-1),
-                seq_lens=seq,
-                seq_lens_cpu=seq.tolist(),
-                spec_features=None if feats is None else feats.reshape(a * k, -1),
-            )
-            logp, step_feats = self._draft_step(self.runner.forward(batch))
-            top = logp.topk(k, dim=-1)
-            child_scores = (scores[:, :, None] + top.values.view(a, k, k)).reshape(a, k * k)
-            child_tokens = to_target(top.indices).view(a, k * k)
-            offset = k + (d - 1) * k * k
-            tokens.append(child_tokens)
-            score_list.append(child_scores)
-            parent_list.append(cand[:, :, None].expand(a, k, k).reshape(a, k * k))
-            best = torch.sort(child_scores, dim=1, descending=True, stable=True).indices[:, :k]
-            scores = child_scores.gather(1, best)
-            cand = offset + best
-            frontier_tokens = child_tokens.gather(1, best)
-            parent_branch = best // k
-            if step_feats is not None:
-                step_feats = step_feats.view(a, k, -1)
-                idx = parent_branch[:, :, None].expand(a, k, step_feats.shape[-1])
-                feats = step_feats.gather(1, idx)
-        return CandidateSet(
-            torch.cat(tokens, dim=1), torch.cat(score_list, dim=1), torch.cat(parent_list, dim=1)
-        )

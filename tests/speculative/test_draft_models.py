@@ -162,13 +162,16 @@ def test_standalone_redraws_after_the_tokens_change(paths) -> None:
     held = proposer.runner.kv_pool.allocator.available()
     req = reqs[0]
     st = proposer.states[req.rid]
-    assert st.num_rows == req.seqlen - 4  # the last verify step committed 4 tokens
+    # the draft kept the KV of the accepted nodes it ran: it lacks the new root only
+    assert st.num_rows == req.seqlen - 1 and not st.held
     n = len(req.output_ids)
-    req.output_ids[n - 6 :] = [301, 302, 303, 304, 305, 306]  # 2 of them in the draft
+    req.output_ids[n - 6 :] = [301, 302, 303, 304, 305, 306]  # 5 of them in the draft
     tree = proposer.propose([req])
     assert tree.tokens[0, 1:].tolist() == greedy_reference(target, [req.fill_ids], 3)[0]
     assert st.tokens == req.fill_ids and st.all_slots().numel() == req.seqlen
-    assert proposer.runner.kv_pool.allocator.available() == held + 2 - 6
+    tree_kv = 3  # the chain's nodes, run by the draft and held until the verify step
+    assert len(st.held) == tree_kv
+    assert proposer.runner.kv_pool.allocator.available() == held + 5 - 6 - tree_kv
     for r in reqs:
         proposer.release(r)
     _assert_draft_memory_free(proposer)
@@ -180,7 +183,10 @@ def test_release_frees_each_requests_draft_kv(paths) -> None:
     reqs = new_reqs(PROMPTS, 8)
     prefill(target, proposer, reqs)
     proposer.propose(reqs)
-    held = [len(r.fill_ids) for r in reqs]  # every committed token, the root included
+    # every committed token (the root included) and the proposed nodes the draft ran
+    states = [proposer.states[r.rid] for r in reqs]
+    held = [len(r.fill_ids) + len(st.held) for r, st in zip(reqs, states)]
+    assert all(st.held for st in states)
     assert alloc.available() == alloc.capacity - sum(held)
     assert rows.available() == rows.size - 2 * len(reqs)  # topk rows each
     proposer.release(reqs[1])
