@@ -151,3 +151,33 @@ def test_sampling_through_draft_trees_keeps_the_target_distribution(paths) -> No
     assert chi2_pvalue(pairs, joint.flatten()) > ALPHA
     assert s.stats["spec_draft_tokens"] >= samples  # every request verified its two children
     _draft_idle(s)
+
+
+@pytest.mark.slow
+def test_default_model_drafting_for_itself_is_accepted_whole() -> None:
+    """SmolLM2-135M (the default model, its GGUF on the CPU kernels) drafting for itself: the
+    outputs of plain decoding, every verify step committing its 4 drafts and the bonus."""
+    from radixlm.runtime.models.default_model import default_model_path
+
+    def sched(**kw: Any) -> Scheduler:
+        args = ServerArgs(device="cpu", skip_tokenizer_init=True, random_seed=0, num_threads=1,
+                          max_total_tokens=2048, **kw)  # fmt: skip
+        return Scheduler(args, ModelRunner(args, resolve_model(None)))
+
+    prompts = [[1, 4093, 28, 253, 1382, 314, 253, 3213, 30], [1, 504, 1317, 282, 4372, 314, 216]]
+
+    def go(s: Scheduler) -> dict[str, Any]:
+        for i, ids in enumerate(prompts):
+            s.handle(gen(f"r{i}", ids, max_new_tokens=21))
+        return run_all(s)
+
+    plain = ids_of(go(sched()))
+    s = sched(speculative_algorithm="STANDALONE", speculative_draft_model_path=default_model_path(),
+              speculative_num_steps=4)  # fmt: skip
+    outs = go(s)
+    assert ids_of(outs) == plain
+    for o in outs.values():  # 20 tokens after the prefill's: 4 steps of 5
+        # NOTE: one step of slack: the draft's decode kernels and the verify step's extend
+        # kernels may round a near-tie apart on some CPU
+        assert o.spec_committed == 20 and o.spec_verify_ct <= 5
+    _draft_idle(s)
