@@ -24,7 +24,8 @@ from radixlm.runtime.mem.kv_pool import KVPool
 from radixlm.runtime.models.default_model import ModelNotFoundError
 from radixlm.runtime.models.loader import resolve_model
 from radixlm.runtime.models.registry import UnsupportedModelError
-from radixlm.runtime.speculative.draft_worker import DraftModelProposer, DraftShape
+from radixlm.runtime.speculative.draft_tree import DraftShape
+from radixlm.runtime.speculative.draft_worker import DraftModelProposer
 
 if TYPE_CHECKING:
     from radixlm.runtime.executor.model_runner import ModelRunner

@@ -17,6 +17,7 @@ target's acceptance shares: the trees are `DraftKind.DETERMINISTIC` (tree_accept
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -32,6 +33,24 @@ class CandidateSet(NamedTuple):
 
 def max_candidates(topk: int, num_steps: int) -> int:
     return topk + (num_steps - 1) * topk * topk
+
+
+@dataclass(frozen=True)
+class DraftShape:
+    """The tree a draft model proposes: `num_steps` draft forwards deep, `topk` children per
+    expanded node, `num_nodes` nodes verified (the root included)."""
+
+    num_steps: int
+    topk: int
+    num_nodes: int
+
+    @classmethod
+    def of(cls, num_steps: int, topk: int, num_draft_tokens: int | None) -> DraftShape:
+        """`num_draft_tokens` None: the whole chain for topk 1, else 8 (SGLang's default);
+        capped by the nodes the expansion can draw."""
+        most = 1 + max_candidates(topk, num_steps)
+        wanted = num_draft_tokens or (num_steps + 1 if topk == 1 else 8)
+        return cls(num_steps, topk, min(wanted, most))
 
 
 def best_candidates(scores: torch.Tensor, keep: int) -> torch.Tensor:

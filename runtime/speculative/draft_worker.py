@@ -6,15 +6,21 @@ its `req_to_token` (`topk` rows per request) and its attention backend (and, for
 draft on GPU, its decode CUDA graphs, which the draft steps replay). Per request it keeps a
 `ReqDraftState` (draft_state.py). One `propose` over a batch:
 
-1. catch up: one EXTEND forward over every request's rows not yet in the draft (the prompt the
-   first time; the tokens committed by the last verify step after that), ending with the
-   frontier row, whose output is the root's draft distribution (STANDALONE: the root token itself;
-   EAGLE: the target feature before the root with the root token). Those rows are committed
-   draft KV, kept until the request is released or its tokens change.
-2. expand: `num_steps - 1` DECODE forwards over `topk` frontier nodes per request (the top-k
-   expansion of draft_tree.py), each node on its own branch row of `req_to_token` (the committed
-   slots, its ancestors' tree slots, its own); the tree slots are freed when the proposal is made.
+1. catch up (draft_catchup.py): one forward over every request's rows not yet in the draft (the
+   prompt the first time; then the tokens the last verify step committed that the draft has not
+   run), ending with the frontier row, whose output is the root's draft distribution
+   (STANDALONE: the root token itself; EAGLE: the target feature before the root with the root
+   token). Those rows are committed draft KV, kept until the request is released or its tokens
+   change.
+2. expand (draft_expand.py): `num_steps - 1` DECODE forwards over `topk` frontier nodes per
+   request (the top-k expansion of draft_tree.py), each node on its own branch row of
+   `req_to_token` (the committed slots, its ancestors' tree slots, its own).
 3. `select_tree` keeps the best `num_nodes - 1` candidates (EAGLE-2's reranking).
+4. STANDALONE: the draft KV of the kept nodes it ran (one more forward runs the deepest frontier
+   for its KV) is held (`ReqDraftState.held`) until the verify step: `on_verified` appends the
+   accepted path's rows to the committed ones, so the next catch-up is usually the new root
+   alone (a DECODE batch); the other tree slots are freed at once. An EAGLE head frees them all:
+   its committed rows read the target's features, not its own.
 
 EAGLE heads need the target's features of every committed position: `on_prefilled` queues those of
 the prompt's rows, `on_verified` those of the root and the accepted nodes (the rows the target
@@ -29,17 +35,16 @@ Ownership: the proposer owns the draft runner and every draft slot and row; it r
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
+from radixlm.runtime.speculative.draft_catchup import CatchupRows, catchup_batch
 from radixlm.runtime.speculative.draft_expand import expand_tree
 from radixlm.runtime.speculative.draft_state import ReqDraftState
 from radixlm.runtime.speculative.draft_tree import (
+    DraftShape,
     best_candidates,
-    max_candidates,
     root_only,
     select_tree,
 )
@@ -49,36 +54,6 @@ from radixlm.runtime.speculative.tree_accept import DraftKind, DraftTree, TreeAc
 if TYPE_CHECKING:
     from radixlm.runtime.executor.model_runner import ModelRunner
     from radixlm.runtime.scheduler.req import Req
-
-
-@dataclass(frozen=True)
-class DraftShape:
-    """The tree a draft model proposes: `num_steps` draft forwards deep, `topk` children per
-    expanded node, `num_nodes` nodes verified (the root included)."""
-
-    num_steps: int
-    topk: int
-    num_nodes: int
-
-    @classmethod
-    def of(cls, num_steps: int, topk: int, num_draft_tokens: int | None) -> DraftShape:
-        """`num_draft_tokens` None: the whole chain for topk 1, else 8 (SGLang's default);
-        capped by the nodes the expansion can draw."""
-        most = 1 + max_candidates(topk, num_steps)
-        wanted = num_draft_tokens or (num_steps + 1 if topk == 1 else 8)
-        return cls(num_steps, topk, min(wanted, most))
-
-
-class _Catchup:
-    """One request's rows in the catch-up forward."""
-
-    def __init__(self, index: int, state: ReqDraftState, tokens: list[int], feats) -> None:
-        self.index = index  # in the proposal's batch
-        self.state = state
-        self.tokens = tokens
-        self.feats = feats
-        self.first = state.next_position  # position of the first new row
-        self.prefix = state.num_rows  # rows already held
 
 
 class DraftModelProposer(Proposer):
@@ -254,7 +229,7 @@ class DraftModelProposer(Proposer):
             held.extend(slot for slot, _ in w.state.held.values())
         return held
 
-    def _plan_catchup(self, reqs: Sequence[Req]) -> list[_Catchup]:
+    def _plan_catchup(self, reqs: Sequence[Req]) -> list[CatchupRows]:
         """The requests that can draft this step and their catch-up rows (slots allocated)."""
         runner, k = self.runner, self.shape.topk
         limit = runner.req_to_token.max_context - self.shape.num_steps
@@ -285,7 +260,7 @@ class DraftModelProposer(Proposer):
             feats = st.take_features(count) if self.needs_hidden else None
             fill = req.fill_ids
             tokens = fill[first + self.shift : frontier + self.shift + 1]
-            w = _Catchup(i, st, tokens, feats)
+            w = CatchupRows(i, st, tokens, feats)
             rows = torch.tensor(st.rows, dtype=torch.int64, device=runner.device)
             runner.req_to_token.table[rows, w.prefix : w.prefix + count] = slots.to(torch.int32)
             st.tokens.extend(tokens)
@@ -293,52 +268,10 @@ class DraftModelProposer(Proposer):
             work.append(w)
         return work
 
-    def _catchup(self, work: list[_Catchup]) -> torch.Tensor:
-        """The catch-up forward; the draft output of each request's frontier row. One row per
-        request (a STANDALONE draft that kept the accepted nodes' KV) runs as a DECODE batch (the
-        one-call CPU decode, the draft's CUDA graphs)."""
-        dev = self.runner.device
-        lens = [len(w.tokens) for w in work]
-        prefix = [w.prefix for w in work]
-        seq = [p + n for p, n in zip(prefix, lens)]
-        if not self.needs_hidden and all(n == 1 for n in lens):
-            return self.runner.forward(
-                ForwardBatch(
-                    mode=ForwardMode.DECODE,
-                    batch_size=len(work),
-                    input_ids=torch.tensor([w.tokens[0] for w in work], device=dev),
-                    positions=torch.tensor([w.first for w in work], device=dev),
-                    out_cache_loc=torch.cat([w.state.slots[-1] for w in work]).to(dev),
-                    req_pool_indices=torch.tensor([w.state.rows[0] for w in work], device=dev),
-                    seq_lens=torch.tensor(seq, device=dev),
-                    seq_lens_cpu=seq,
-                )
-            )
-        starts = [0]
-        for n in lens[:-1]:
-            starts.append(starts[-1] + n)
-        last = [s + n - 1 for s, n in zip(starts, lens)]
-        t = lambda v: torch.tensor(v, dtype=torch.int64, device=dev)  # noqa: E731
-        positions = [w.first + j for w, n in zip(work, lens) for j in range(n)]
-        batch = ForwardBatch(
-            mode=ForwardMode.EXTEND,
-            batch_size=len(work),
-            input_ids=t([tok for w in work for tok in w.tokens]),
-            positions=t(positions),
-            out_cache_loc=torch.cat([w.state.slots[-1] for w in work]).to(dev),
-            req_pool_indices=t([w.state.rows[0] for w in work]),
-            seq_lens=t(seq),
-            seq_lens_cpu=seq,
-            extend_prefix_lens_cpu=prefix,
-            extend_seq_lens_cpu=lens,
-            extend_prefix_lens=t(prefix),
-            extend_seq_lens=t(lens),
-            extend_start_loc=t(starts),
-            logits_indices=t(last),
-            logits_indices_cpu=last,
-            spec_features=torch.cat([w.feats for w in work]) if self.needs_hidden else None,
-        )
-        return self.runner.forward(batch)
+    def _catchup(self, work: list[CatchupRows]) -> torch.Tensor:
+        """The catch-up forward; the draft output of each request's frontier row."""
+        decode = not self.needs_hidden and all(len(w.tokens) == 1 for w in work)
+        return self.runner.forward(catchup_batch(work, self.runner.device, decode))
 
     def _draft_step(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(log-probabilities [rows, Vd], next features) of draft outputs `out`."""
