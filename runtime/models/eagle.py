@@ -19,6 +19,7 @@ feature) of those rows, `compute_logits` the target-vocabulary logits.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 
 import torch
@@ -42,7 +43,7 @@ class TargetParts:
         self.logits = logits
 
 
-class DraftHead(nn.Module):
+class DraftHead(nn.Module, ABC):
     """What the draft worker needs of an EAGLE-style head (ModelRunner's model contract, plus):
     `feature_dim` (the width of a target feature row), `capture_layers` (the target layers whose
     input hidden states make a feature; `num_hidden_layers` of the target means its final normed
@@ -55,8 +56,13 @@ class DraftHead(nn.Module):
     def bind_target(self, embed: nn.Module, logits: Callable[[torch.Tensor], torch.Tensor]) -> None:
         self.target = TargetParts(embed, logits)
 
+    @abstractmethod
     def capture_layers(self, target_layers: int) -> tuple[int, ...]:
-        raise NotImplementedError
+        """The target layers whose inputs make a feature row (see the class docstring)."""
+
+    @abstractmethod
+    def split_output(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward`'s rows -> (the LM head's input, the next draft step's feature)."""
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         if self.target is None:

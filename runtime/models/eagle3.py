@@ -147,24 +147,10 @@ class Eagle3Head(DraftHead):
         if self.lm_head is not None and "d2t" not in self._names:
             raise ValueError("an EAGLE-3 checkpoint with a draft vocabulary needs its d2t tensor")
         load_hf_weights(self, rest)
-        ids = torch.arange(self.draft_vocab, device=self.d2t.device)
-        if bool(
-            (
-                (self.to_target_ids(ids) < 0) | (self.to_target_ids(ids) >= self.config.vocab_size)
-            ).any()
-        ):
+        target_ids = self.to_target_ids(torch.arange(self.draft_vocab, device=self.d2t.device))
+        if not bool(((target_ids >= 0) & (target_ids < self.config.vocab_size)).all()):
             raise ValueError("d2t maps a draft token outside the target vocabulary")
 
     def expected_weight_count(self) -> int:
-        # q/k/v, o, gate/up, down, three norms; fc (+bias); norm; lm_head
-        return (
-            3
-            + 1
-            + 2
-            + 1
-            + 3
-            + 1
-            + int(self.fc.bias is not None)
-            + 1
-            + int(self.lm_head is not None)
-        )
+        layer = 3 + 1 + 2 + 1 + 3  # q/k/v, o, gate/up, down, the three norms
+        return layer + 1 + int(self.fc.bias is not None) + 1 + int(self.lm_head is not None)
