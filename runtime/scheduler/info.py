@@ -52,6 +52,7 @@ class SchedulerInfo:
         is_idle: Callable[[], bool],
         chunk_size: int | None,
         eos_ids: tuple[int, ...],
+        resolved: dict[str, Any] | None = None,
     ) -> None:
         self.runner = runner
         self.step = step
@@ -62,6 +63,7 @@ class SchedulerInfo:
         self.is_idle = is_idle
         self.chunk_size = chunk_size
         self.eos_ids = eos_ids
+        self.resolved = resolved or {}  # flags whose default was resolved here (e.g. speculative)
         self.cache = step.cache
         self.allocator = step.allocator
 
@@ -81,6 +83,7 @@ class SchedulerInfo:
             "architecture": cfg.architecture,
             "num_layers": cfg.num_hidden_layers,
             "hidden_size": cfg.hidden_size,
+            **self.resolved,
         }
 
     def load_info(self) -> dict[str, Any]:

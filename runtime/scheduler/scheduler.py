@@ -94,9 +94,10 @@ class Scheduler:
                                      self.context_len, self.stats)  # fmt: skip
         self.intake = RequestIntake(self.queues, self.grammars, self.eos_ids, self.device,
                                     args.random_seed, args.queue_timeout)  # fmt: skip
+        resolved = {} if proposer is None else {"speculative_num_draft_tokens": proposer.num_nodes}
         self.info = SchedulerInfo(runner, self.step, self.queues, self.grammars, self.ratio,
                                   self.stats, lambda: self.idle, self.chunk_size,
-                                  self.eos_ids)  # fmt: skip
+                                  self.eos_ids, resolved)  # fmt: skip
 
     @property
     def idle(self) -> bool:
@@ -191,12 +192,12 @@ class Scheduler:
     # ---- forward -------------------------------------------------------------------------------
     def run_batch(self, batch: ScheduleBatch) -> None:
         if batch.mode == ForwardMode.EXTEND:
-            out = self.step.run(batch)
-            if self.spec is not None:
-                self.spec.on_prefilled(batch)  # a draft head reads the prompt's hidden states
+            spec = self.spec
+            out = self.step.run(batch, keep_hidden=spec is not None and spec.needs_hidden)
+            hidden = spec.proposer_hidden(out.hidden) if spec is not None else None
             self.results.apply(out)
-            if self.spec is not None:
-                self.spec.release_finished(batch.reqs)
+            if spec is not None:
+                spec.on_extended(batch.reqs, hidden)
             return
         if self.allocator.available() + self.cache.evictable_size() < len(batch.reqs):
             self.retract_for_decode()

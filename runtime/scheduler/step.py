@@ -56,6 +56,9 @@ class StepOutput(NamedTuple):
     # has fired (None: read `next_ids` directly).
     host_ids: torch.Tensor | None = None
     copied: torch.cuda.Event | None = None
+    # The forward's output rows (`ModelRunner.forward`: every row of a decode step, the logits
+    # rows of an extend), kept with `keep_hidden` (speculative proposers that need them).
+    hidden: torch.Tensor | None = None
 
     def resolve(self) -> StepTokens:
         """The tokens (and logprobs) on the host: the step's one host synchronisation."""
@@ -119,12 +122,13 @@ class ModelStep:
         input_ids: torch.Tensor | None = None,
         greedy: bool = False,
         to_host: bool = False,
+        keep_hidden: bool = False,
     ) -> StepOutput:
         """One forward and its sampling. `input_ids`: a decode step's input ids on the device
         (the in-flight step's tokens); `greedy`: the caller knows every request decodes greedily
         with no logit processor, grammar or logprobs (no sampling state is built); `to_host`:
         queue the tokens' copy to the host now, so that reading them later waits for this step
-        only (overlap.py)."""
+        only (overlap.py); `keep_hidden`: return the forward's output rows too."""
         fb = self.forward_batch(batch, input_ids)
         hidden = self.runner.forward(fb)
         self.forward_ct += 1
@@ -137,8 +141,9 @@ class ModelStep:
             else input_logprobs(hidden, batch, self.runner.compute_logits)
         )
         sampled = batch.reqs if decode else batch.sampling_reqs
+        kept = hidden if keep_hidden else None
         if not sampled:
-            return StepOutput(batch, sampled, None, None, None, lp, False)
+            return StepOutput(batch, sampled, None, None, None, lp, False, hidden=kept)
         last = hidden  # NOTE: decode samples every row, in order: no gather
         if not decode:
             rows = [r for r in batch.sample_rows if r >= 0]
@@ -163,5 +168,5 @@ class ModelStep:
             host_ids, copied = self.transfer.to_host(out.next_token_ids)
         return StepOutput(
             batch, sampled, out.next_token_ids, out.logprobs, out.top_logprobs, lp, masked,
-            host_ids, copied,
+            host_ids, copied, kept,
         )  # fmt: skip

@@ -4,20 +4,27 @@ A verify row costs at least a decode row, and on CPU a verify forward (the exten
 k + 1 rows) costs more than the fused decode step: a draft that is rarely accepted slows a
 request down. Per request, a step whose draft had fewer than `min_accepted` tokens accepted
 doubles its back-off (1, 2, 4, ... up to `MAX_BACKOFF` plain steps before the next draft); a step
-with at least that many resets it. Deterministic (acceptance only, no timing), so a greedy run
-takes the same path every time; exactness never depends on it (any subset of drafts is exact).
+with at least that many resets it. With `adaptive`, `min_accepted` follows the measured cost of a
+verify step over a plain one (moving averages of their wall times: a draft must add at least
+the extra steps' worth of tokens). Exactness never depends on the gate (any subset of drafts is
+exact); without `adaptive` the path taken is deterministic too.
 
 Ownership: the speculative step owns it; state per request id, dropped by `release`.
 """
 
 from __future__ import annotations
 
+import math
+
 MAX_BACKOFF = 32
+EMA = 0.1  # weight of the newest step time in the moving averages
 
 
 class DraftGate:
-    def __init__(self, min_accepted: int) -> None:
+    def __init__(self, min_accepted: int, adaptive: bool = False) -> None:
         self.min_accepted = min_accepted  # 0: every draft is verified
+        self.adaptive = adaptive
+        self.seconds: dict[bool, float] = {}  # verify? -> moving average of a step's wall time
         self.backoff: dict[str, int] = {}  # rid -> plain steps after the last failed draft
         self.wait: dict[str, int] = {}  # rid -> plain steps left before the next draft
 
@@ -40,6 +47,15 @@ class DraftGate:
         back = min(2 * self.backoff.get(rid, 0) or 1, MAX_BACKOFF)
         self.backoff[rid] = back
         self.wait[rid] = back
+
+    def record(self, verify: bool, seconds: float) -> None:
+        """A plain (False) or verify (True) step took `seconds`; with `adaptive`, re-derive
+        `min_accepted` = ceil(verify / plain - 1), at least 1."""
+        old = self.seconds.get(verify)
+        self.seconds[verify] = seconds if old is None else old + EMA * (seconds - old)
+        if self.adaptive and len(self.seconds) == 2:
+            ratio = self.seconds[True] / max(self.seconds[False], 1e-9)
+            self.min_accepted = max(1, math.ceil(ratio - 1.0))
 
     def release(self, rid: str) -> None:
         self.backoff.pop(rid, None)

@@ -6,7 +6,7 @@ Data flow of `run(batch)`:
     -> per request, draft_check.check_draft: cut nodes deeper than what the request may still
        commit (max_new_tokens, the context) or rejected by its grammar; the grammar's masks of
        the kept nodes' states are built on the way; a request whose recent drafts were rejected
-       gets none for a while (gate.py)
+       gets none for a while (gate.py); on CPU the batch's drafts are cut to a row budget
     -> no request has a draft left, or the pool cannot hold the drafts' KV even after evicting:
        the plain decode step (step.py) and the one result path, one token each
     -> else one EXTEND forward over B x n rows with the tree mask (tree.verify_forward_batch;
@@ -32,13 +32,15 @@ holds state for: those that left the batch get `release`). Scheduler thread only
 
 from __future__ import annotations
 
-import logging
+import time
 from typing import Any, NamedTuple
 
 import torch
 
+from radixlm.runtime.distributed.state import parallel_state
 from radixlm.runtime.mem.kv_pool import SlotAllocator
 from radixlm.runtime.mem.prefix_cache import PrefixCache
+from radixlm.runtime.models.cpu_linear import SMALL_M
 from radixlm.runtime.sampling.sampling_batch import SamplingBatch
 from radixlm.runtime.scheduler.queues import ReqQueues
 from radixlm.runtime.scheduler.req import Req
@@ -61,8 +63,6 @@ from radixlm.runtime.speculative.tree_accept import (
     node_contexts,
     target_probs,
 )
-
-logger = logging.getLogger(__name__)
 
 
 class _RowReq(NamedTuple):
@@ -99,8 +99,14 @@ class SpeculativeStep:
         self.stats = stats
         self.device = step.device
         self.active: dict[str, Req] = {}
-        # NOTE: on CPU a verify forward costs more than the fused decode step (gate.py).
-        self.gate = DraftGate(min_accepted=1 if self.device.type == "cpu" else 0)
+        # NOTE: on CPU a verify forward costs more than the fused decode step (gate.py), and
+        # above `SMALL_M` rows its linear layers leave the small-batch kernels: a verify step
+        # keeps to that many rows there (`within_budget`).
+        cpu = self.device.type == "cpu"
+        # NOTE: tensor-parallel ranks must take the same path: no wall-time decisions there.
+        adaptive = cpu and not parallel_state().is_parallel
+        self.gate = DraftGate(min_accepted=1 if cpu else 0, adaptive=adaptive)
+        self.max_rows = SMALL_M if cpu else None
 
     # ---- the step ------------------------------------------------------------------------------
     def run(self, batch: ScheduleBatch) -> None:
@@ -119,8 +125,14 @@ class SpeculativeStep:
             self.check(req, draft, i, None if masks is None else masks[i])
             for i, req in enumerate(reqs)
         ]
-        if all(len(c.kept) == 1 for c in checked) or not self.verify(batch, draft, checked, masks):
-            self.plain_decode(batch)
+        checked = self.within_budget(checked)
+        start = time.perf_counter()
+        verified = any(len(c.kept) > 1 for c in checked) and self.verify(
+            batch, draft, checked, masks
+        )
+        if not verified:
+            self.plain_decode(batch, width)
+        self.gate.record(verified, time.perf_counter() - start)
         self.release_gone(self.queues.running)
 
     def check(self, req: Req, draft: DraftTree, i: int, mask: torch.Tensor | None) -> CheckedDraft:
@@ -132,32 +144,26 @@ class SpeculativeStep:
             req.grammar, mask,
         )  # fmt: skip
 
-    def on_prefilled(self, batch: ScheduleBatch) -> None:
-        """After an EXTEND step, before its results apply: the proposer sees the extend rows'
-        hidden states (those it needs). `release_finished` follows the results."""
-        hidden = self.runner.take_hidden() if self.proposer.needs_hidden else None
-        self.proposer.on_prefilled(batch.reqs, hidden)
+    def within_budget(self, checked: list[CheckedDraft]) -> list[CheckedDraft]:
+        """Cut the drafts so that the verify forward has at most `max_rows` rows: every request
+        is padded to the widest tree, so each keeps the first `max_rows // B` nodes of its tree
+        (a prefix of a topological order is a tree; 1: the root alone)."""
+        if self.max_rows is None:
+            return checked
+        width = max(1, self.max_rows // max(len(checked), 1))
+        return [CheckedDraft(c.kept[:width], c.tokens[:width], c.parents[:width]) for c in checked]
 
-    def release_finished(self, reqs: list[Req]) -> None:
-        """Requests that finished in their prefill (never decoding here): drop their state.
-        NOTE: a request still prefilling in chunks is not `active` until it decodes, so a decode
-        step in between (`release_gone`) keeps its state."""
-        for req in reqs:
-            if req.finished:
-                self.active.pop(req.rid, None)
-                self.proposer.release(req)
-
-    def plain_decode(self, batch: ScheduleBatch) -> None:
-        """One token per request (no drafts), through the plain step and result path; a proposer
-        that needs hidden states gets the decode rows' as a verify step that accepted nothing."""
-        out = self.step.run(batch)
-        if self.proposer.needs_hidden:
-            self.proposer.on_verified(batch.reqs, *root_only_result(
-                self.runner.take_hidden(), len(batch.reqs), self.proposer.num_nodes))  # fmt: skip
-        self.results.apply(out)
-        for req in batch.reqs:
+    def plain_decode(self, batch: ScheduleBatch, width: int) -> None:
+        """One token per request (no drafts), through the plain step and result path; the
+        proposer hears of it as of a verify step of root-only trees (`plain_result`)."""
+        out = self.step.run(batch, keep_hidden=self.needs_hidden)
+        hidden = self.proposer_hidden(out.hidden)  # NOTE: before anything else runs a forward
+        for req in batch.reqs:  # NOTE: before `apply`, which queues the requests' outputs
             req.spec_verify_ct += 1
             req.spec_committed += 1
+        self.results.apply(out)
+        assert out.next_ids is not None
+        self.proposer.on_verified(batch.reqs, *plain_result(out.next_ids, hidden, width))
         self.stats["spec_verify_steps"] += 1
         self.stats["spec_committed_tokens"] += len(batch.reqs)
 
@@ -192,8 +198,7 @@ class SpeculativeStep:
         hidden = self.runner.forward(fb)
         self.step.forward_ct += 1
         logits = self.runner.compute_logits(hidden)
-        # NOTE: what a draft head reads: the target's captured layers of every verify row
-        captured = self.runner.take_hidden() if self.proposer.needs_hidden else None
+        captured = self.proposer_hidden(hidden)
         sb = SamplingBatch.from_reqs(self.row_reqs(reqs, tokens, parents), self.step.vocab_size,
                                      self.device)  # fmt: skip
         if masks is not None:
@@ -275,6 +280,32 @@ class SpeculativeStep:
             self.allocator.free(row[keep : req.computed].to(torch.int64))
             req.computed = keep
 
+    @property
+    def needs_hidden(self) -> bool:
+        return self.proposer.needs_hidden
+
+    def proposer_hidden(self, forward_rows: torch.Tensor | None) -> torch.Tensor | None:
+        """What a proposer with `needs_hidden` gets of the forward just run: the target's
+        captured layers of every row of it when a draft head set a capture
+        (`ModelRunner.set_hidden_capture`), else the forward's output rows; None for the others.
+        NOTE: take it right after the forward, before anything else runs one."""
+        if not self.needs_hidden:
+            return None
+        captured = self.runner.take_hidden()
+        return captured if captured is not None else forward_rows
+
+    def on_extended(self, reqs: list[Req], hidden: torch.Tensor | None) -> None:
+        """After an extend step (a prefill, a chunk of one, a re-queued request's extend):
+        `proposer.on_prefilled` with `proposer_hidden` of its forward (with a capture: every row,
+        `extend_len` per request; else the extend's logits rows: each request's last row when its
+        prompt is complete, and input-logprob rows), then `release` for those that finished
+        there."""
+        for req in reqs:
+            self.active[req.rid] = req
+        self.proposer.on_prefilled(reqs, hidden)
+        chunked = self.queues.chunked
+        self.release_gone(self.queues.running + ([chunked] if chunked is not None else []))
+
     def release_gone(self, keep: list[Req]) -> None:
         """`release` the proposer's state of requests no longer in `keep`."""
         ids = {r.rid for r in keep}
@@ -293,21 +324,6 @@ def kept_probs(draft: DraftTree, checked: list[CheckedDraft], n: int) -> torch.T
     index = index.to(draft.draft_probs.device)
     probs = draft.draft_probs
     return probs.gather(1, index[:, :, None].expand(-1, -1, probs.shape[-1]))
-
-
-def root_only_result(
-    hidden: torch.Tensor | None, bsz: int, width: int
-) -> tuple[TreeAcceptResult, torch.Tensor | None]:
-    """A plain decode step as the proposer's verify result: every request kept its root alone
-    (`hidden` [B, H] -> the root rows of the [B * width, H] layout)."""
-    path = torch.full((bsz, width), -1, dtype=torch.int64)
-    path[:, 0] = 0
-    result = TreeAcceptResult(path, torch.zeros(bsz, dtype=torch.int64), path.clone(), None)
-    if hidden is None:
-        return result, None
-    full = hidden.new_zeros(bsz, width, hidden.shape[-1])
-    full[:, 0] = hidden
-    return result, full.view(bsz * width, -1)
 
 
 def in_proposer_layout(
@@ -343,3 +359,22 @@ def in_proposer_layout(
         full[rows[valid], kept.to(hidden.device)[valid]] = hidden.view(bsz, n, -1)[valid]
         full = full.view(bsz * width, -1)
     return mapped, full
+
+
+def plain_result(
+    next_ids: torch.Tensor, hidden: torch.Tensor | None, width: int
+) -> tuple[TreeAcceptResult, torch.Tensor | None]:
+    """A plain decode step as a verify step of root-only trees of `width` nodes: path [0],
+    nothing accepted, the sampled token as the bonus; hidden rows at each tree's root."""
+    bsz = next_ids.shape[0]
+    path = torch.full((bsz, width), -1, dtype=torch.int64, device=next_ids.device)
+    path[:, 0] = 0
+    tokens = path.clone()
+    tokens[:, 0] = next_ids
+    result = TreeAcceptResult(path, torch.zeros_like(next_ids), tokens, None)
+    full = None
+    if hidden is not None:
+        full = hidden.new_zeros(bsz, width, hidden.shape[-1])
+        full[:, 0] = hidden
+        full = full.view(bsz * width, -1)
+    return result, full

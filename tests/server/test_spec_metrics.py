@@ -3,8 +3,8 @@
 per finished request from its `meta_info` (`spec_verify_ct`, `spec_accept_length`).
 
 The real server (tiny model, `--speculative-algorithm NGRAM`) exposes them with their types and
-labels, and their counts agree with the `meta_info` its answers carried (none while the engine
-reports no speculative keys). The bucket arithmetic is checked on the listener's own input, a
+labels, and their counts agree with the `meta_info` its answers carried (both requests carry
+the speculative keys). The bucket arithmetic is checked on the listener's own input, a
 finished request's `ReqState`, built directly."""
 
 from __future__ import annotations
@@ -50,8 +50,10 @@ def test_server_exposes_the_acceptance_histogram(server, metric_value):
     buckets = re.findall(rf'^{re.escape(NAME)}_bucket{{le="([^"]+)",model_name="[^"]+"}}', text,
                          re.MULTILINE)  # fmt: skip
     assert buckets == [f"{n}.0" for n in range(1, 17)] + ["+Inf"]
-    # Each finished request with verify steps is one observation (none without the keys).
+    # Each finished request with verify steps is one observation: both requests decoded with
+    # speculation on (the repeated words give NGRAM drafts to verify).
     spec = [m for m in metas if m.get("spec_verify_ct")]
+    assert len(spec) == 2 and all(m["spec_accept_length"] >= 1.0 for m in spec)
     assert metric_value(text, NAME + "_count") == len(spec)
     steps = sum(m["spec_verify_ct"] for m in spec)
     assert metric_value(text, "radixlm:spec_verify_steps_total") == steps

@@ -11,7 +11,15 @@ from typing import Any
 import pytest
 import torch
 from speculative.spec_loop import extend_batch
-from speculative.test_spec_scheduler import VOCAB, _filtered, gen, ids_of, prompt, run_all
+from speculative.test_spec_scheduler import (
+    VOCAB,
+    _filtered,
+    every_draft,
+    gen,
+    ids_of,
+    prompt,
+    run_all,
+)
 from speculative.tree_stats import ALPHA, chi2_pvalue
 
 from radixlm.runtime.executor.model_runner import ModelRunner
@@ -22,13 +30,20 @@ from radixlm.runtime.server_args import ServerArgs
 REQS = [(f"r{k}", prompt(k, 12 + 5 * k), 10 + 3 * k) for k in range(4)]
 
 
-def make_scheduler(paths: dict[str, str], draft: str | None = None, **kwargs: Any) -> Scheduler:
+def make_scheduler(
+    paths: dict[str, str], draft: str | None = None, every: bool = True, **kwargs: Any
+) -> Scheduler:
+    """A scheduler on the target (`draft`: with that draft); `every`: verify every draft (no
+    CPU row budget, no back-off: deterministic acceptance figures), else the CPU defaults."""
     opts: dict[str, Any] = {"max_total_tokens": 2048, "device": "cpu", **kwargs}
     if draft is not None:
         opts["speculative_draft_model_path"] = paths[draft]
     args = ServerArgs(model_path=paths["target"], skip_tokenizer_init=True, random_seed=0,
                       num_threads=1, **opts)  # fmt: skip
-    return Scheduler(args, ModelRunner(args, resolve_model(paths["target"])))
+    s = Scheduler(args, ModelRunner(args, resolve_model(paths["target"])))
+    if s.spec is not None and every:
+        every_draft(s)
+    return s
 
 
 def run(s: Scheduler) -> dict[str, Any]:
@@ -113,7 +128,8 @@ def _check_features(s: Scheduler, fed: dict, outs: dict[str, list[int]]) -> None
 
 def test_multi_turn_with_a_head(paths) -> None:
     """Turns that extend the previous turn's text: cache hits (the head gets no features for the
-    cached part) and the same answers with speculation on and off."""
+    cached part) and the same answers with speculation on and off (the CPU's row budget and
+    back-off on)."""
 
     def turns(s: Scheduler) -> tuple[list[int], list[list[int]]]:
         cached, answers, history = [], [], prompt(1, 20)
@@ -126,7 +142,7 @@ def test_multi_turn_with_a_head(paths) -> None:
         return cached, answers
 
     off = turns(make_scheduler(paths))
-    on = turns(make_scheduler(paths, "EAGLE", speculative_algorithm="EAGLE"))
+    on = turns(make_scheduler(paths, "EAGLE", every=False, speculative_algorithm="EAGLE"))
     assert on == off and sum(on[0]) > 0
 
 
@@ -174,6 +190,7 @@ def test_default_model_drafting_for_itself_is_accepted_whole() -> None:
     plain = ids_of(go(sched()))
     s = sched(speculative_algorithm="STANDALONE", speculative_draft_model_path=default_model_path(),
               speculative_num_steps=4)  # fmt: skip
+    every_draft(s)
     outs = go(s)
     assert ids_of(outs) == plain
     for o in outs.values():  # 20 tokens after the prefill's: 4 steps of 5

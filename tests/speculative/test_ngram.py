@@ -168,3 +168,16 @@ def test_gate_backs_off_and_resets() -> None:
     gate.release("b")
     assert gate.allows("b")
     assert DraftGate(min_accepted=0).allows("c")  # never backs off
+
+
+def test_adaptive_gate_follows_the_measured_cost() -> None:
+    from radixlm.runtime.speculative.gate import DraftGate
+
+    gate = DraftGate(min_accepted=1, adaptive=True)
+    gate.record(False, 0.01)
+    assert gate.min_accepted == 1  # no verify step measured yet
+    gate.record(True, 0.035)  # a verify step costs 3.5 plain ones: 3 extra tokens to pay
+    assert gate.min_accepted == 3
+    for _ in range(100):
+        gate.record(True, 0.012)  # the average moves to the new cost
+    assert gate.min_accepted == 1

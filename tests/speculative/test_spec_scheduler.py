@@ -22,6 +22,7 @@ from radixlm.runtime.processes import io
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.scheduler.scheduler import Scheduler
 from radixlm.runtime.server_args import ServerArgs
+from radixlm.runtime.speculative.gate import DraftGate
 from radixlm.runtime.speculative.proposer import Proposer
 from radixlm.runtime.speculative.tree_accept import DraftKind, DraftTree
 
@@ -73,6 +74,13 @@ def run_all(s: Scheduler) -> dict[str, io.ReqOut]:
     return merged
 
 
+def every_draft(s: Scheduler) -> None:
+    """Verify every draft: no CPU row budget, no back-off (deterministic acceptance figures)."""
+    assert s.spec is not None
+    s.spec.max_rows = None
+    s.spec.gate = DraftGate(min_accepted=0)
+
+
 def ids_of(outs: dict[str, io.ReqOut]) -> dict[str, list[int]]:
     return {rid: o.new_ids for rid, o in outs.items()}
 
@@ -87,6 +95,8 @@ class Scripted(Proposer):
                  tree: bool = False) -> None:  # fmt: skip
         self.script, self.num_nodes, self.miss, self.tree = script, num_nodes, miss, tree
         self.released: list[str] = []
+        self.prefilled: set[str] = set()
+        self.committed: dict[str, list[int]] = {}
 
     def propose(self, reqs: Sequence[Any]) -> DraftTree:
         n = self.num_nodes
@@ -108,6 +118,23 @@ class Scripted(Proposer):
             tokens[i, : len(toks)] = torch.tensor(toks)
             parents[i, : len(pars)] = torch.tensor(pars)
         return DraftTree(tokens, parents, None, self.kind)
+
+    needs_hidden = True  # exercises the hidden-state layout of the hooks
+
+    def on_prefilled(self, reqs: Sequence[Any], hidden: Any) -> None:
+        self.prefilled.update(r.rid for r in reqs)
+        assert hidden is not None  # the extend's logits rows (none for a prompt's inner chunk)
+
+    def on_verified(self, reqs: Sequence[Any], result: Any, hidden: Any) -> None:
+        """Every decode step, plain or verify: the committed tokens, in this proposer's layout."""
+        b, n = len(reqs), self.num_nodes
+        assert result.path.shape == (b, n) and hidden.shape[0] == b * n
+        rows = hidden.view(b, n, -1)
+        for i, req in enumerate(reqs):
+            a = int(result.num_accepted[i])
+            path = result.path[i, : a + 1].tolist()
+            assert all(rows[i, j].abs().sum() > 0 for j in path)  # verified rows are real
+            self.committed.setdefault(req.rid, []).extend(result.tokens[i, : a + 1].tolist())
 
     def release(self, req: Any) -> None:
         self.released.append(req.rid)
@@ -132,6 +159,7 @@ def plain() -> dict[str, list[int]]:
 def test_drafts_of_every_quality_give_the_plain_tokens(plain, tree) -> None:
     s = make_scheduler(speculative_algorithm="NGRAM", speculative_num_draft_tokens=6)
     misses = {"r0": 0, "r1": 1, "r2": 3, "r3": 99}  # r4: no script entry errs
+    every_draft(s)
     s.spec.proposer = prop = Scripted(plain, 6, misses, tree)
     submit(s)
     outs = run_all(s)
@@ -140,6 +168,9 @@ def test_drafts_of_every_quality_give_the_plain_tokens(plain, tree) -> None:
     assert accept["r0"] == 1.0 < accept["r1"] < accept["r2"] < accept["r3"]
     assert s.stats["spec_committed_tokens"] > s.stats["spec_verify_steps"]
     assert sorted(prop.released) == sorted(plain)  # every finished request was released
+    assert prop.prefilled == set(plain)
+    # the hooks saw every committed token (a step may commit past max_new_tokens: cut after)
+    assert all(prop.committed[r][: len(ids) - 1] == ids[1:] for r, ids in plain.items())
 
 
 def test_ngram_gives_the_plain_tokens() -> None:
@@ -152,8 +183,21 @@ def test_ngram_gives_the_plain_tokens() -> None:
     reqs(off)
     want = ids_of(run_all(off))
     on = make_scheduler(speculative_algorithm="NGRAM")  # NOTE: the same runner: one at a time
+    rows: list[int] = []
+    forward = on.runner.forward
+
+    class Recording:  # the verify forwards' row counts (the CPU row budget holds)
+        def __getattr__(self, name: str) -> Any:
+            return getattr(on.runner, name)
+
+        def forward(self, fb: Any) -> Any:
+            rows.append(int(fb.input_ids.shape[0]))
+            return forward(fb)
+
+    on.spec.runner = Recording()
     reqs(on)
     assert ids_of(run_all(on)) == want
+    assert rows and max(rows) <= on.spec.max_rows == 16
     assert on.stats["spec_verify_steps"] > 0 and on.stats["spec_draft_tokens"] > 0
 
 
@@ -170,6 +214,7 @@ def test_stops_and_lengths_inside_committed_tokens(plain) -> None:
     def run(spec: bool) -> dict[str, list[int]]:
         s = make_scheduler(**({"speculative_algorithm": "NGRAM"} if spec else {}))
         if spec:
+            every_draft(s)
             s.spec.proposer = Scripted({k: ref for k in cases}, 8, {})
         for rid, extra in cases.items():
             s.handle(gen(rid, REQS[3][1], **{"max_new_tokens": REQS[3][2], **extra}))
@@ -184,6 +229,7 @@ def test_logprobs(plain) -> None:
     def run(spec: bool) -> dict[str, io.ReqOut]:
         s = make_scheduler(**({"speculative_algorithm": "NGRAM"} if spec else {}))
         if spec:
+            every_draft(s)
             s.spec.proposer = Scripted(plain, 5, {"r1": 2})
         for rid, ids, max_new in REQS[:3]:
             s.handle(gen(rid, ids, max_new_tokens=max_new, return_logprob=True,
@@ -205,6 +251,7 @@ def test_tiny_pool_retracts(plain) -> None:
     and resumed; draft slots never make a step fail."""
     s = make_scheduler(max_total_tokens=160, schedule_conservativeness=0.01,
                        speculative_algorithm="NGRAM")  # fmt: skip
+    every_draft(s)
     s.spec.proposer = Scripted(plain, 8, {"r2": 2})
     submit(s)
     assert ids_of(run_all(s)) == plain
@@ -213,6 +260,7 @@ def test_tiny_pool_retracts(plain) -> None:
 
 def test_chunked_prefill(plain) -> None:
     s = make_scheduler(chunked_prefill_size=16, speculative_algorithm="NGRAM")
+    every_draft(s)
     s.spec.proposer = Scripted(plain, 4, {"r0": 1})
     submit(s)
     assert ids_of(run_all(s)) == plain
@@ -263,6 +311,9 @@ def test_sampling_keeps_the_target_distribution() -> None:
             return DraftTree(torch.tensor(toks), torch.tensor([[-1, 0]] * len(reqs)), None,
                              self.kind)  # fmt: skip
 
+    every_draft(s)
+
+    s.spec.max_rows = None
     s.spec.proposer = Fixed()
     samples = 4000
     for k in range(samples):
