@@ -15,7 +15,14 @@ from speculative.draft_heads import (
     save_head,
     save_llama,
 )
-from speculative.spec_loop import generate, greedy_reference, new_reqs, prefill, verify_step
+from speculative.spec_loop import (
+    extend_batch,
+    generate,
+    greedy_reference,
+    new_reqs,
+    prefill,
+    verify_step,
+)
 
 from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
@@ -256,3 +263,39 @@ def test_draft_memory_estimate(paths, algo, draft) -> None:
         draft_memory(ServerArgs(speculative_algorithm="NGRAM"), torch.bfloat16, torch.bfloat16)
         is None
     )
+
+
+def test_target_capture_equals_the_reference_layers(paths, tmp_path) -> None:
+    """The target's capture (`set_hidden_capture`) keeps, for every row of a prefill, the inputs
+    of the named layers and the final normed state, equal to the dense reference's; off, a
+    forward keeps nothing and returns what it returned before."""
+    from radixlm.runtime.models.reference import reference_hidden_states
+
+    args = ServerArgs(model_path=paths["target"], max_total_tokens=256, num_threads=1)
+    target = ModelRunner(args, resolve_model(paths["target"]))
+    ids = PROMPTS[2]
+    tensors = save_llama(str(tmp_path), seed=TARGET_SEED)  # the target's own tensors
+    ref = reference_hidden_states(tensors, target.config, ids)
+
+    def prefill() -> torch.Tensor:
+        row = target.req_to_token.alloc()
+        slots = target.kv_pool.allocator.alloc(len(ids))
+        try:
+            return target.forward(extend_batch(target, [ids], [row], slots))
+        finally:
+            target.kv_pool.allocator.free(slots)
+            target.req_to_token.free(row)
+
+    plain = prefill()
+    assert target.take_hidden() is None
+    for layers in [(2,), (0, 1, 2), (1, 1, 0)]:
+        target.set_hidden_capture(layers)
+        out = prefill()
+        captured = target.take_hidden()
+        assert captured.shape == (len(ids), 64 * len(layers))
+        assert torch.allclose(captured, torch.cat([ref[i] for i in layers], -1), atol=1e-4)
+        assert torch.allclose(out, plain, atol=1e-5)  # the last row's final state, as before
+        assert target.take_hidden() is None  # handed over once
+    target.set_hidden_capture(None)
+    prefill()
+    assert target.take_hidden() is None
