@@ -23,7 +23,7 @@ EPS, THETA = 1e-5, 10000.0
 AUX_LAYER_IDS = [-1, 0, 0]
 
 
-def head_config(kind: str) -> dict:
+def head_config(kind: str, vocab: int = VOCAB, theta: float = THETA) -> dict:
     cfg = {
         "model_type": "llama",
         "hidden_size": H,
@@ -32,9 +32,9 @@ def head_config(kind: str) -> dict:
         "num_attention_heads": HEADS,
         "num_key_value_heads": KV_HEADS,
         "head_dim": HEAD_DIM,
-        "vocab_size": VOCAB,
+        "vocab_size": vocab,
         "rms_norm_eps": EPS,
-        "rope_theta": THETA,
+        "rope_theta": theta,
         "max_position_embeddings": 2048,
         "tie_word_embeddings": False,
         "torch_dtype": "float32",
@@ -50,7 +50,7 @@ def head_config(kind: str) -> dict:
     }
 
 
-def head_tensors(kind: str, seed: int) -> dict[str, torch.Tensor]:
+def head_tensors(kind: str, seed: int, vocab: int = VOCAB) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     lin = lambda o, i: torch.randn(o, i, generator=g) * (0.5 / i**0.5)  # noqa: E731
     norm = lambda: 1.0 + 0.1 * torch.randn(H, generator=g)  # noqa: E731
@@ -66,14 +66,14 @@ def head_tensors(kind: str, seed: int) -> dict[str, torch.Tensor]:
         f"{pre}mlp.up_proj.weight": lin(INTER, H),
         f"{pre}mlp.down_proj.weight": lin(H, INTER),
         f"{pre}post_attention_layernorm.weight": norm(),
-        "embed_tokens.weight": torch.randn(VOCAB, H, generator=g),  # ignored: the target's is used
+        "embed_tokens.weight": torch.randn(vocab, H, generator=g),  # ignored: the target's is used
     }
     if kind == "EAGLE":
         t["fc.weight"] = lin(H, 2 * H)
         t["fc.bias"] = 0.1 * torch.randn(H, generator=g)
         return t
-    hot = torch.randperm(VOCAB, generator=g)[:DRAFT_VOCAB].sort().values
-    t2d = torch.zeros(VOCAB, dtype=torch.bool)
+    hot = torch.randperm(vocab, generator=g)[:DRAFT_VOCAB].sort().values
+    t2d = torch.zeros(vocab, dtype=torch.bool)
     t2d[hot] = True
     t.update({
         "fc.weight": lin(H, 3 * H),
@@ -87,12 +87,20 @@ def head_tensors(kind: str, seed: int) -> dict[str, torch.Tensor]:
     return t
 
 
-def save_head(path: str, kind: str, seed: int = 0, drop: str | None = None) -> dict:
-    """Write config.json + model.safetensors (without tensor `drop`); returns the tensors."""
+def save_head(
+    path: str,
+    kind: str,
+    seed: int = 0,
+    drop: str | None = None,
+    vocab: int = VOCAB,
+    theta: float = THETA,
+) -> dict:
+    """Write config.json + model.safetensors (without tensor `drop`) of a head for a target of
+    `vocab` tokens and rope `theta`; returns the tensors."""
     os.makedirs(path, exist_ok=True)
-    tensors = head_tensors(kind, seed)
+    tensors = head_tensors(kind, seed, vocab)
     with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(head_config(kind), f)
+        json.dump(head_config(kind, vocab, theta), f)
     kept = {k: v.contiguous() for k, v in tensors.items() if k != drop}
     save_file(kept, os.path.join(path, "model.safetensors"))
     return tensors
