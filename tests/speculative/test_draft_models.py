@@ -299,3 +299,11 @@ def test_target_capture_equals_the_reference_layers(paths, tmp_path) -> None:
     target.set_hidden_capture(None)
     prefill()
     assert target.take_hidden() is None
+
+
+def test_draft_models_are_refused_under_tensor_parallelism(paths) -> None:
+    args = ServerArgs(model_path=paths["target"], tp_size=2, speculative_algorithm="STANDALONE",
+                      speculative_draft_model_path=paths["small"])  # fmt: skip
+    with pytest.raises(InvalidRequestError, match="tp_size 1") as err:
+        build_draft_proposer(args, None)
+    assert err.value.field == "speculative_algorithm"
