@@ -49,6 +49,7 @@ from radixlm.runtime.scheduler.schedule_batch import ScheduleBatch
 from radixlm.runtime.scheduler.step import ModelStep, StepTokens
 from radixlm.runtime.speculative.draft_check import CheckedDraft, check_draft
 from radixlm.runtime.speculative.gate import DraftGate
+from radixlm.runtime.speculative.layouts import in_proposer_layout, kept_probs, plain_result
 from radixlm.runtime.speculative.proposer import Proposer
 from radixlm.runtime.speculative.tree import (
     alloc_draft_slots,
@@ -110,6 +111,7 @@ class SpeculativeStep:
 
     # ---- the step ------------------------------------------------------------------------------
     def run(self, batch: ScheduleBatch) -> None:
+        start = time.perf_counter()  # NOTE: the gate compares whole steps, drafting included
         reqs = batch.reqs
         self.release_gone(reqs)
         for req in reqs:
@@ -126,7 +128,6 @@ class SpeculativeStep:
             for i, req in enumerate(reqs)
         ]
         checked = self.within_budget(checked)
-        start = time.perf_counter()
         verified = any(len(c.kept) > 1 for c in checked) and self.verify(
             batch, draft, checked, masks
         )
@@ -212,7 +213,8 @@ class SpeculativeStep:
         self.commit(reqs, prefix, loc, parents, result, target.logprobs, top_n)
         self.stats["spec_verify_steps"] += 1
         self.stats["spec_draft_tokens"] += sum(counts) - bsz
-        self.proposer.on_verified(reqs, *in_proposer_layout(result, captured, checked, draft))
+        self.proposer.on_verified(reqs, *in_proposer_layout(result, captured, checked, draft,
+                                                            self.needs_hidden))  # fmt: skip
         live = [r for r in reqs if not r.finished] if masks is not None else []
         if live and self.grammars.jump_forward_enabled:
             self.results.jump_forward(live)
@@ -312,69 +314,3 @@ class SpeculativeStep:
         for rid in [rid for rid in self.active if rid not in ids]:
             self.proposer.release(self.active.pop(rid))
             self.gate.release(rid)
-
-
-def kept_probs(draft: DraftTree, checked: list[CheckedDraft], n: int) -> torch.Tensor | None:
-    """The draft distributions of the kept nodes ([B, n, V]), for SAMPLED kinds."""
-    if draft.draft_probs is None:
-        return None
-    index = torch.zeros(len(checked), n, dtype=torch.int64)
-    for i, c in enumerate(checked):
-        index[i, : len(c.kept)] = torch.tensor(c.kept)
-    index = index.to(draft.draft_probs.device)
-    probs = draft.draft_probs
-    return probs.gather(1, index[:, :, None].expand(-1, -1, probs.shape[-1]))
-
-
-def in_proposer_layout(
-    result: TreeAcceptResult,
-    hidden: torch.Tensor | None,
-    checked: list[CheckedDraft],
-    draft: DraftTree,
-) -> tuple[TreeAcceptResult, torch.Tensor | None]:
-    """`result` with its paths in the proposer's node numbering (the tree it proposed, before
-    the checks cut nodes) and, where given (proposers that need them), the verify rows' hidden
-    states scattered into that layout ([B * N, H]; rows of cut nodes are zero)."""
-    bsz, width = draft.tokens.shape
-    n = result.path.shape[1]
-    kept = torch.zeros(bsz, n, dtype=torch.int64)
-    for i, c in enumerate(checked):
-        kept[i, : len(c.kept)] = torch.tensor(c.kept)
-    kept = kept.to(result.path.device)
-    path = torch.where(result.path >= 0, kept.gather(1, result.path.clamp_min(0)), -1)
-    pad = width - n
-    grow = lambda t, v: torch.nn.functional.pad(t, (0, pad), value=v)  # noqa: E731
-    mapped = TreeAcceptResult(
-        grow(path, -1),
-        result.num_accepted,
-        grow(result.tokens, -1),
-        None if result.logprobs is None else grow(result.logprobs, float("nan")),
-    )
-    full = None
-    if hidden is not None:
-        full = hidden.new_zeros(bsz, width, hidden.shape[-1])
-        rows = torch.arange(bsz, device=hidden.device)[:, None].expand(-1, n)
-        valid = torch.arange(n)[None, :] < torch.tensor([len(c.kept) for c in checked])[:, None]
-        valid = valid.to(hidden.device)
-        full[rows[valid], kept.to(hidden.device)[valid]] = hidden.view(bsz, n, -1)[valid]
-        full = full.view(bsz * width, -1)
-    return mapped, full
-
-
-def plain_result(
-    next_ids: torch.Tensor, hidden: torch.Tensor | None, width: int
-) -> tuple[TreeAcceptResult, torch.Tensor | None]:
-    """A plain decode step as a verify step of root-only trees of `width` nodes: path [0],
-    nothing accepted, the sampled token as the bonus; hidden rows at each tree's root."""
-    bsz = next_ids.shape[0]
-    path = torch.full((bsz, width), -1, dtype=torch.int64, device=next_ids.device)
-    path[:, 0] = 0
-    tokens = path.clone()
-    tokens[:, 0] = next_ids
-    result = TreeAcceptResult(path, torch.zeros_like(next_ids), tokens, None)
-    full = None
-    if hidden is not None:
-        full = hidden.new_zeros(bsz, width, hidden.shape[-1])
-        full[:, 0] = hidden
-        full = full.view(bsz * width, -1)
-    return result, full

@@ -94,3 +94,15 @@ def test_first_batches_after_start_up_compile_nothing(tmp_path, monkeypatch):
     files = [f for d in new for f in os.listdir(tmp_path / d)]
     kernels = sorted({f[:-5] for f in files if f.endswith(".json") and not f.startswith("__grp")})
     assert not new, f"compiled after start-up: {kernels}"
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_speculative_ngram_equals_plain(graphs):
+    """The speculative step on the device (verify forward with the Triton tree-mask attention,
+    acceptance and commit on device tensors): greedy tokens equal plain decoding's, with the
+    decode CUDA graphs on or off (the verify forward itself runs eager)."""
+    batch = [[1, 5, 9, 5, 9, 5, 9, 5, 9], [1, 7, 7, 7, 7], [1, 2, 4], [1, 3, 3, 3, 3, 3, 8]]
+    flags = {"cuda_graph_max_bs": 8} if graphs else {"disable_cuda_graph": True}
+    plain = _greedy(batch, **flags)
+    spec = _greedy(batch, speculative_algorithm="NGRAM", speculative_num_draft_tokens=6, **flags)
+    assert spec == plain

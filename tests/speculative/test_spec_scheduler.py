@@ -35,8 +35,10 @@ def make_scheduler(**kwargs: Any) -> Scheduler:
     opts = {"max_total_tokens": 2048, **kwargs}
     args = ServerArgs(model_path=MODEL, load_format="dummy", device="cpu",
                       skip_tokenizer_init=True, random_seed=0, num_threads=1, **opts)  # fmt: skip
-    # NOTE: one runner (same random weights) per pool size, shared by both sides of a comparison.
-    key = (opts["max_total_tokens"], opts.get("max_running_requests"))
+    # NOTE: one runner (same random weights) per pool and backend, shared by both sides of a
+    # comparison.
+    key = (opts["max_total_tokens"], opts.get("max_running_requests"),
+           opts.get("attention_backend"))  # fmt: skip
     runner = RUNNERS.get(key)
     if runner is None:
         runner = RUNNERS[key] = ModelRunner(args, resolve_model(MODEL, "dummy"))
@@ -315,7 +317,7 @@ def test_sampling_keeps_the_target_distribution() -> None:
 
     s.spec.max_rows = None
     s.spec.proposer = Fixed()
-    samples = 4000
+    samples = 3000
     for k in range(samples):
         s.handle(gen(f"s{k}", ids, seed=k, **sp))
     outs = run_all(s)
@@ -346,3 +348,23 @@ def _filtered(s: Scheduler, ids: list[int], sp: dict[str, Any]) -> torch.Tensor:
     out = torch.zeros_like(p)
     out[order[keep]] = vals[keep]
     return out / out.sum()
+
+
+def test_triton_attention_backend(plain) -> None:
+    """The step on the Triton attention backend (its tree-mask verify kernel; in Triton's
+    interpreter on CPU): the same tokens as its own plain decoding."""
+    reqs = REQS[:2]
+
+    def run(spec: bool) -> dict[str, list[int]]:
+        s = make_scheduler(attention_backend="triton",
+                           **({"speculative_algorithm": "NGRAM"} if spec else {}))  # fmt: skip
+        if spec:
+            every_draft(s)
+            s.spec.proposer = Scripted(plain, 4, {"r1": 1}, tree=True)
+        for rid, ids, _ in reqs:
+            s.handle(gen(rid, ids, max_new_tokens=6))
+        out = ids_of(run_all(s))
+        assert not spec or s.stats["spec_draft_tokens"] > 0
+        return out
+
+    assert run(True) == run(False)
