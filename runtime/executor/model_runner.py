@@ -147,7 +147,10 @@ class ModelRunner:
 
             select_moe_kernel_configs(self.model, self.dtype)  # no-op without MoE layers
         self.graphs = None
-        if self.device.type == "cuda" and not args.disable_cuda_graph:
+        # NOTE: the target of a draft head runs every forward with its hidden-state capture,
+        # eagerly (`set_hidden_capture`): decode graphs would never replay
+        head_target = args.speculative_algorithm in ("EAGLE", "EAGLE3")
+        if self.device.type == "cuda" and not args.disable_cuda_graph and not head_target:
             from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 
             max_bs = min(args.cuda_graph_max_bs, self.max_running)
