@@ -15,6 +15,7 @@ sized with the draft in the budget (`draft_memory`): its weights and its KV per 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -100,6 +101,13 @@ def build_draft_proposer(args: ServerArgs, target: ModelRunner) -> DraftModelPro
         ) from err
     arch = source.config.architecture
     want = HEAD_ARCHITECTURES.get(algo)
+    if want is not None and arch == "LlamaForCausalLM":
+        # NOTE: the EAGLE authors' own checkpoints name the plain Llama class: under EAGLE /
+        # EAGLE3 such a draft is read as the head (its tensors decide whether it is one)
+        source = dataclasses.replace(
+            source, config=dataclasses.replace(source.config, architecture=want)
+        )
+        arch = want
     if want is not None and arch != want:
         raise InvalidRequestError(
             f"speculative_algorithm {algo} needs a {want} draft head; {path} is {arch}",
@@ -138,7 +146,14 @@ def build_draft_proposer(args: ServerArgs, target: ModelRunner) -> DraftModelPro
         if isinstance(model, DraftHead):
             model.bind_target(target.model.embed_tokens, target.compute_logits)
 
-    runner = ModelRunner(draft_args, source, on_loaded=bind)
+    try:
+        runner = ModelRunner(draft_args, source, on_loaded=bind)
+    except (KeyError, ValueError) as err:  # the checkpoint's tensors are not the format's
+        if not eagle or isinstance(err, InvalidRequestError):
+            raise
+        raise InvalidRequestError(
+            f"{path} is not an {algo} draft head ({want}): {err}", "speculative_draft_model_path"
+        ) from err
     if eagle:
         target.set_hidden_capture(runner.model.capture_layers(target.config.num_hidden_layers))
     return DraftModelProposer(runner, shape, eagle)
