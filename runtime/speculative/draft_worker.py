@@ -184,13 +184,21 @@ class DraftModelProposer(Proposer):
         work = self._plan_catchup(reqs)
         if not work:
             return tree
-        a, k, steps = len(work), self.shape.topk, self.shape.num_steps
+        # NOTE: the planned rows are the draft's from now on: run them whatever follows
+        frontier_out = self._catchup(work)
+        k, steps = self.shape.topk, self.shape.num_steps
         keep_kv = not self.needs_hidden  # STANDALONE keeps the accepted nodes' draft KV
         forwards = steps - 1 + int(keep_kv)
         allocator = self.runner.kv_pool.allocator
-        tree_slots = allocator.alloc(a * k * forwards) if forwards else None
-        if forwards and tree_slots is None:
-            return tree
+        tree_slots = None
+        if forwards:  # the tree slots of as many requests as the pool holds, in batch order
+            a = min(len(work), allocator.available() // (k * forwards))
+            work, frontier_out = work[:a], frontier_out[:a]
+            if not work:
+                return tree
+            tree_slots = allocator.alloc(a * k * forwards)
+            assert tree_slots is not None
+        a = len(work)
         held: list[int] = []
         try:
             exp = expand_tree(
@@ -199,7 +207,7 @@ class DraftModelProposer(Proposer):
                 torch.tensor([w.state.rows for w in work], dtype=torch.int64, device=device),
                 torch.tensor([w.prefix + len(w.tokens) for w in work], device=device),
                 torch.tensor([w.first + len(w.tokens) - 1 for w in work], device=device),
-                self._catchup(work),
+                frontier_out,
                 tree_slots.view(a, k, forwards) if forwards else None,
                 keep_kv,
             )  # fmt: skip

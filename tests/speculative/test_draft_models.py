@@ -325,3 +325,20 @@ def test_draft_models_are_refused_under_tensor_parallelism(paths) -> None:
     with pytest.raises(InvalidRequestError, match="tp_size 1") as err:
         build_draft_proposer(args, None)
     assert err.value.field == "speculative_algorithm"
+
+
+@pytest.mark.parametrize("room", [8, 14, 24, 40])
+def test_a_full_draft_pool_proposes_less_and_stays_consistent(paths, room) -> None:
+    """With only `room` free draft slots (the rest taken), requests whose rows or tree do not fit
+    propose their root alone (the trees of those that fit are still drafted): the outputs stay
+    plain greedy decoding's and, once the requests are released, every draft slot is free
+    again."""
+    target, proposer = build(paths, "STANDALONE", "self", speculative_eagle_topk=2)
+    alloc = proposer.runner.kv_pool.allocator
+    taken = alloc.alloc(alloc.available() - room)
+    outputs, steps = generate(target, proposer, PROMPTS, 12)
+    assert outputs == greedy_reference(target, PROMPTS, 12)
+    if room >= 24:  # the trees of some requests fit: they are drafted (and, self-drafted, accepted)
+        assert sum(map(sum, steps)) > 0
+    alloc.free(taken)
+    _assert_draft_memory_free(proposer)
