@@ -9,6 +9,10 @@ used as is, any other batch is copied in; the batch is padded up to the next cap
 lanes that write the padding slot 0 and attend over nothing (seq_len 0), and the graph is
 replayed; the hidden states of the real rows are returned.
 
+A draft head (runtime/models/eagle.py) also reads one feature row per token: with `features`
+(width, dtype) the runner keeps a static `[max_bs, width]` buffer that the captured batches'
+`spec_features` view, and a replay copies the batch's features in.
+
 Ownership: belongs to the ModelRunner; the static buffers and graph outputs are overwritten by
 every replay, so callers must consume the returned tensor before the next forward.
 """
@@ -62,7 +66,12 @@ def stage_inputs(inputs: torch.Tensor, batch: ForwardBatch, size: int) -> None:
 
 class CudaGraphRunner:
     def __init__(
-        self, model: torch.nn.Module, attn: AttentionBackend, max_bs: int, device: torch.device
+        self,
+        model: torch.nn.Module,
+        attn: AttentionBackend,
+        max_bs: int,
+        device: torch.device,
+        features: tuple[int, torch.dtype] | None = None,
     ) -> None:
         self.model = model
         self.attn = attn
@@ -72,6 +81,10 @@ class CudaGraphRunner:
         rows = len(DECODE_INPUT_ROWS)
         self.inputs = torch.zeros(rows, self.max_bs, dtype=torch.int64, device=device)
         self.seq_lens = self.inputs[DECODE_INPUT_ROWS.index("seq_lens")]
+        self.features = None
+        if features is not None:
+            width, dtype = features
+            self.features = torch.zeros(self.max_bs, width, dtype=dtype, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.batches: dict[int, ForwardBatch] = {}
@@ -80,7 +93,10 @@ class CudaGraphRunner:
 
     def _static_batch(self, bs: int) -> ForwardBatch:
         views = dict(zip(DECODE_INPUT_ROWS, self.inputs[:, :bs]))
-        return ForwardBatch(ForwardMode.DECODE, bs, **views, seq_lens_cpu=[1] * bs)
+        feats = None if self.features is None else self.features[:bs]
+        return ForwardBatch(
+            ForwardMode.DECODE, bs, **views, seq_lens_cpu=[1] * bs, spec_features=feats
+        )
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
@@ -120,6 +136,8 @@ class CudaGraphRunner:
         """Hidden states `[batch_size, hidden]` of a decode batch (a view of static memory)."""
         size = graph_size(self.sizes, batch.batch_size)
         stage_inputs(self.inputs, batch, size)
+        if self.features is not None and batch.spec_features is not None:
+            self.features[: batch.batch_size].copy_(batch.spec_features)
         self.attn.prepare_replay(self.batches[size])
         self.graphs[size].replay()
         return self.outputs[size][: batch.batch_size]

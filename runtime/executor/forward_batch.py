@@ -45,6 +45,8 @@ class ForwardBatch:
     # EXTEND batch of B requests x N draft nodes whose rows attend to the prefix plus their
     # ancestors only: the packed mask [B, N, ceil(N / 32)] int32 (None: an ordinary batch).
     tree_mask: torch.Tensor | None = None
+    # A draft head's input features (runtime/models/eagle.py): one row per token (None: none).
+    spec_features: torch.Tensor | None = None
     # Filled by the attention backend in `init_forward_metadata` (backend-specific).
     attn_metadata: Any = None
 

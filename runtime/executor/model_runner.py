@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 
 import psutil
 import torch
@@ -108,7 +109,14 @@ class ModelRunner:
     # writes for its followers; every other runner uses the plain pool.
     req_to_token_cls: type[ReqToTokenPool] = ReqToTokenPool
 
-    def __init__(self, args: ServerArgs, source: ModelSource) -> None:
+    def __init__(
+        self,
+        args: ServerArgs,
+        source: ModelSource,
+        on_loaded: Callable[[torch.nn.Module], None] | None = None,
+    ) -> None:
+        """`on_loaded(model)` runs right after the weights load, before the KV pool, warm-up and
+        CUDA graphs (a draft head binds the target's embedding there)."""
         self.args = args = args.resolved()  # NOTE: a no-op in a child (launch resolved them)
         self.config = source.config
         # NOTE: at TP > 1 this rank's model, KV pool and attention have its own head counts and
@@ -126,6 +134,8 @@ class ModelRunner:
         cuda = self.device.type == "cuda"
         check_fp8_support(args, torch.cuda.get_device_capability(self.device) if cuda else None)
         self.model = self._load_model(source)
+        if on_loaded is not None:
+            on_loaded(self.model)
         self.kv_pool, self.req_to_token = self._init_memory()
         self.attn = self._make_attention_backend()
         self.gemm_choices: dict = {}
@@ -141,11 +151,17 @@ class ModelRunner:
 
             select_moe_kernel_configs(self.model, self.dtype)  # no-op without MoE layers
         self.graphs = None
-        if self.device.type == "cuda" and not args.disable_cuda_graph:
+        # NOTE: the target of a draft head runs every forward with its hidden-state capture,
+        # eagerly (`set_hidden_capture`): decode graphs would never replay
+        head_target = args.speculative_algorithm in ("EAGLE", "EAGLE3")
+        if self.device.type == "cuda" and not args.disable_cuda_graph and not head_target:
             from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 
             max_bs = min(args.cuda_graph_max_bs, self.max_running)
-            self.graphs = CudaGraphRunner(self.model, self.attn, max_bs, self.device)
+            # NOTE: a draft head's decode steps read features as wide as its hidden size
+            width = getattr(self.model, "graph_feature_dim", None)
+            features = None if width is None else (width, self.dtype)
+            self.graphs = CudaGraphRunner(self.model, self.attn, max_bs, self.device, features)
         if self.device.type == "cuda":
             self._warm_extend()
 
@@ -195,9 +211,9 @@ class ModelRunner:
         return model.eval()
 
     def _to_model(self, name: str, t: torch.Tensor) -> torch.Tensor:
-        """A checkpoint tensor on the device, in the model dtype; FP8 weights keep their dtype
-        and FP8 scales become fp32."""
-        if t.dtype == torch.float8_e4m3fn:
+        """A checkpoint tensor on the device, in the model dtype; FP8 weights keep their dtype,
+        FP8 scales become fp32, integer and bool tensors (an EAGLE-3 head's d2t) keep theirs."""
+        if t.dtype == torch.float8_e4m3fn or not (t.is_floating_point() or t.is_complex()):
             return t.to(self.device)
         if name.endswith("_scale"):
             return t.to(self.device, torch.float32)
@@ -217,7 +233,14 @@ class ModelRunner:
             # NOTE: keep room outside the fraction for activations, logits and CUDA graphs
             # (their memory pool is allocated after the KV pool, out of the remaining share).
             budget = total * fraction - torch.cuda.memory_allocated(self.device)
-            tokens = int(budget // per_token)
+            # NOTE: a draft model (speculative decoding) is built after this runner, inside the
+            # same fraction: its weights and one draft KV token per target token
+            from radixlm.runtime.speculative.draft_setup import draft_memory
+
+            draft = draft_memory(self.args, self.dtype, self.kv_dtype)
+            if draft is not None:
+                budget -= draft.weight_bytes
+            tokens = int(budget // (per_token + (draft.kv_bytes_per_token if draft else 0)))
         else:
             ram_cap = int(psutil.virtual_memory().total * 0.25 // per_token)
             tokens = min(CPU_DEFAULT_KV_TOKENS, ram_cap)
@@ -281,10 +304,29 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Final hidden states of the rows `batch.logits_indices` (all rows when None)."""
-        if self.graphs is not None and self.graphs.can_run(batch):
+        capturing = getattr(self.model, "capture", None) is not None
+        if self.graphs is not None and not capturing and self.graphs.can_run(batch):
             return self.graphs.replay(batch)
         self.attn.init_forward_metadata(batch)
         return self.model(batch, self.attn)
+
+    def set_hidden_capture(self, layers: tuple[int, ...] | None) -> None:
+        """Turn the target's hidden-state capture for a draft head on (`layers`: the model's
+        `capture`, see LlamaForCausalLM) or off (None). While on, forwards run eager (no decode
+        graph) and `take_hidden` returns each forward's captured rows."""
+        if layers is not None and not hasattr(self.model, "_forward_capturing"):
+            raise InvalidRequestError(
+                f"{self.config.architecture} cannot give hidden states to a draft head",
+                "speculative_algorithm",
+            )
+        self.model.capture = layers
+        self.model.captured = None
+
+    def take_hidden(self) -> torch.Tensor | None:
+        """The hidden states captured by the last forward ([T, k * H], every row of its batch in
+        row order), handed over once; None when capture is off."""
+        out, self.model.captured = getattr(self.model, "captured", None), None
+        return out
 
     def decode_input_buffer(self, bs: int) -> torch.Tensor:
         """Where a decode batch of `bs` requests assembles its inputs (`[5, bs]` int64, rows as

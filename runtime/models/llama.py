@@ -177,6 +177,13 @@ class LlamaForCausalLM(nn.Module):
     # NOTE: set on CPU after loading (runtime/models/cpu_decode.py): runs a decode batch's whole
     # forward in one C++ call, or returns None to leave it to the layers below.
     cpu_decode: Callable[[ForwardBatch, AttentionBackend], torch.Tensor | None] | None = None
+    # NOTE: opt-in hidden-state capture for draft heads (EAGLE / EAGLE-3; set through
+    # `ModelRunner.set_hidden_capture`): the layer indices whose INPUT (hidden + residual) is kept,
+    # `num_hidden_layers` meaning the final normed output. With it on, every forward stores
+    # `captured` [T, len(capture) * H] for all of the batch's rows (in capture order), runs the
+    # layer path (no one-call CPU decode, no last-layer row cut); off (None) it costs one check.
+    capture: tuple[int, ...] | None = None
+    captured: torch.Tensor | None = None
 
     def __init__(
         self, config: ModelConfig, max_positions: int, device: torch.device, fused_ops: bool = False
@@ -212,6 +219,9 @@ class LlamaForCausalLM(nn.Module):
         # layer's attention, MLP and the final norm run for those rows only: ~3 % of a 32-layer
         # prefill's FLOPs saved, the same math.
         """
+        capture = self.capture
+        if capture is not None:
+            return self._forward_capturing(batch, attn, capture)
         if batch.is_decode and self.cpu_decode is not None:
             out = self.cpu_decode(batch, attn)  # the whole step in one C++ call (CPU)
             if out is not None:
@@ -228,6 +238,24 @@ class LlamaForCausalLM(nn.Module):
             return hidden
         hidden, _ = self.norm(hidden, residual)
         if batch.logits_indices is not None and not rows_only:
+            hidden = hidden.index_select(0, batch.logits_indices)
+        return hidden
+
+    def _forward_capturing(
+        self, batch: ForwardBatch, attn: AttentionBackend, capture: tuple[int, ...]
+    ) -> torch.Tensor:
+        """`forward` keeping the hidden states `capture` names (see its NOTE) in `captured`."""
+        parts: dict[int, torch.Tensor] = {}
+        hidden = self.embed_tokens(batch.input_ids)
+        residual = None
+        for i, layer in enumerate(self.layers):
+            if i in capture:
+                parts[i] = hidden.clone() if residual is None else hidden + residual
+            hidden, residual = layer(hidden, residual, batch, self.rotary, attn)
+        hidden, _ = self.norm(hidden, residual)
+        parts[len(self.layers)] = hidden
+        self.captured = torch.cat([parts[i] for i in capture], dim=-1)
+        if batch.logits_indices is not None:
             hidden = hidden.index_select(0, batch.logits_indices)
         return hidden
 

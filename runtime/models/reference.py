@@ -33,6 +33,16 @@ def reference_logits(
     weights: Mapping[str, torch.Tensor], config: ModelConfig, token_ids: list[int]
 ) -> torch.Tensor:
     """float32 logits `[len(token_ids), vocab]`; position i predicts token i + 1."""
+    x = reference_hidden_states(weights, config, token_ids)[-1]
+    head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
+    return F.linear(x, head).float()
+
+
+def reference_hidden_states(
+    weights: Mapping[str, torch.Tensor], config: ModelConfig, token_ids: list[int]
+) -> list[torch.Tensor]:
+    """`[n, hidden]` per layer: the input of layer i (the embedding for layer 0), then the final
+    normed hidden state (index `num_hidden_layers`): what a draft head's capture reads."""
     cfg = config
     assert cfg.rotary_dim == cfg.head_dim, "the oracle rotates whole heads"
     w = weights
@@ -45,7 +55,9 @@ def reference_logits(
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
     mask = torch.ones(n, n, dtype=torch.bool).tril()
+    states = []
     for layer in range(cfg.num_hidden_layers):
+        states.append(x)
         p = f"model.layers.{layer}."
         h = _rms(x, w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
 
@@ -66,9 +78,7 @@ def reference_logits(
         h = _rms(x, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
         act = F.silu(proj("mlp.gate_proj", h)) * proj("mlp.up_proj", h)
         x = x + proj("mlp.down_proj", act)
-    x = _rms(x, w["model.norm.weight"], cfg.rms_norm_eps)
-    head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
-    return F.linear(x, head).float()
+    return [*states, _rms(x, w["model.norm.weight"], cfg.rms_norm_eps)]
 
 
 @torch.no_grad()

@@ -34,6 +34,9 @@ ARCHITECTURES: dict[str, ArchInfo] = {
     # Gemma 3 4B/12B/27B checkpoints: the text decoder of the image-text model (images unsupported)
     "Gemma3ForConditionalGeneration": ArchInfo("gemma3", "gemma", "GemmaForCausalLM", None),
     "Phi3ForCausalLM": ArchInfo("phi3", "phi3", "Phi3ForCausalLM", "phi3"),
+    # speculative-decoding draft heads (runtime/speculative/draft_worker.py), not models of their own
+    "LlamaForCausalLMEagle": ArchInfo("llama_eagle", "eagle", "EagleHead", None),
+    "LlamaForCausalLMEagle3": ArchInfo("llama_eagle3", "eagle3", "Eagle3Head", None),
 }
 
 

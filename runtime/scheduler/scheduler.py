@@ -194,9 +194,10 @@ class Scheduler:
         if batch.mode == ForwardMode.EXTEND:
             spec = self.spec
             out = self.step.run(batch, keep_hidden=spec is not None and spec.needs_hidden)
+            hidden = spec.proposer_hidden(out.hidden) if spec is not None else None
             self.results.apply(out)
             if spec is not None:
-                spec.on_extended(batch.reqs, out.hidden)
+                spec.on_extended(batch.reqs, hidden)
             return
         if self.allocator.available() + self.cache.evictable_size() < len(batch.reqs):
             self.retract_for_decode()

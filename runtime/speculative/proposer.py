@@ -21,14 +21,19 @@ What the speculative step (spec_step.py) guarantees a proposer:
 - Every extend step (a prefill, a chunk of one, the re-extend of a retracted or jump-forwarded
   request) calls `on_prefilled` with the forward's output rows: the extend's logits rows, i.e.
   each request's last prompt row once its prompt is complete (and any input-logprob rows);
-  an inner chunk has none.
+  an inner chunk has none. With a capture (below): every row of the forward. It is called after
+  the step advanced `req.computed`: request i's rows are positions
+  `[computed - extend_len, computed)`.
 
 Ownership: a proposer owns its own state only (an n-gram index, a draft model's KV pool and its
 per-request rows); it never touches the target's `req_to_token`, allocator or radix cache. It runs
 on the scheduler thread; nothing here is thread-safe.
 
 `hidden` is the target's last-layer hidden states of the rows just computed ([rows, H], in the
-forward's row order) for proposers with `needs_hidden` (EAGLE); None for the others.
+forward's row order) for proposers with `needs_hidden` (EAGLE); None for the others. A proposer
+that set the target's capture (`ModelRunner.set_hidden_capture`: a draft head, draft_setup.py)
+gets the captured layers instead ([rows, k * H]), and for an extend EVERY row of the forward
+(each request's `extend_len` rows, in order), not only its output rows.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ or refused by name at start-up.
 `make_proposer(args, runner)` -> `Proposer | None` (None: speculation off). The scheduler calls it
 once, at start-up, with the target's `ModelRunner` (a draft model or an EAGLE head needs its
 device, dtype, config and, for EAGLE, its embedding and LM head). Defaults follow SGLang's for
-NGRAM: `num_draft_tokens` = the max match window (12), breadth (`--speculative-eagle-topk`) 10.
+NGRAM: `num_draft_tokens` = the max match window (12), breadth (`--speculative-eagle-topk`) 10;
+STANDALONE / EAGLE / EAGLE3: draft_setup.py (3 steps, topk 1, every node of the chain).
 """
 
 from __future__ import annotations
@@ -40,9 +41,11 @@ def make_proposer(args: ServerArgs, runner: Any) -> Proposer | None:
             max_window=hi,
             breadth=args.speculative_eagle_topk or NGRAM_DEFAULT_BREADTH,
         )
-    # NOTE: STANDALONE / EAGLE / EAGLE3 plug in here (branch w25draft): construct the proposer
-    # from `args.speculative_draft_model_path` and `runner`.
-    raise InvalidRequestError(
-        f"speculative_algorithm {algo} is not available in this build (NGRAM is)",
-        "speculative_algorithm",
-    )
+    from radixlm.runtime.speculative.draft_setup import build_draft_proposer, draft_shape
+
+    if draft_shape(args).num_nodes > MAX_TREE_NODES:
+        raise InvalidRequestError(
+            f"speculative_num_draft_tokens must be at most {MAX_TREE_NODES}",
+            "speculative_num_draft_tokens",
+        )
+    return build_draft_proposer(args, runner)  # STANDALONE, EAGLE, EAGLE3 (draft_setup.py)

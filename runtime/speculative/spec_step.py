@@ -158,12 +158,13 @@ class SpeculativeStep:
         """One token per request (no drafts), through the plain step and result path; the
         proposer hears of it as of a verify step of root-only trees (`plain_result`)."""
         out = self.step.run(batch, keep_hidden=self.needs_hidden)
+        hidden = self.proposer_hidden(out.hidden)  # NOTE: before anything else runs a forward
         for req in batch.reqs:  # NOTE: before `apply`, which queues the requests' outputs
             req.spec_verify_ct += 1
             req.spec_committed += 1
         self.results.apply(out)
         assert out.next_ids is not None
-        self.proposer.on_verified(batch.reqs, *plain_result(out.next_ids, out.hidden, width))
+        self.proposer.on_verified(batch.reqs, *plain_result(out.next_ids, hidden, width))
         self.stats["spec_verify_steps"] += 1
         self.stats["spec_committed_tokens"] += len(batch.reqs)
 
@@ -198,6 +199,7 @@ class SpeculativeStep:
         hidden = self.runner.forward(fb)
         self.step.forward_ct += 1
         logits = self.runner.compute_logits(hidden)
+        captured = self.proposer_hidden(hidden)
         sb = SamplingBatch.from_reqs(self.row_reqs(reqs, tokens, parents), self.step.vocab_size,
                                      self.device)  # fmt: skip
         if masks is not None:
@@ -211,8 +213,8 @@ class SpeculativeStep:
         self.commit(reqs, prefix, loc, parents, result, target.logprobs, top_n)
         self.stats["spec_verify_steps"] += 1
         self.stats["spec_draft_tokens"] += sum(counts) - bsz
-        self.proposer.on_verified(reqs, *in_proposer_layout(result, hidden, checked, draft,
-                                                            self.proposer.needs_hidden))  # fmt: skip
+        self.proposer.on_verified(reqs, *in_proposer_layout(result, captured, checked, draft,
+                                                            self.needs_hidden))  # fmt: skip
         live = [r for r in reqs if not r.finished] if masks is not None else []
         if live and self.grammars.jump_forward_enabled:
             self.results.jump_forward(live)
@@ -284,11 +286,22 @@ class SpeculativeStep:
     def needs_hidden(self) -> bool:
         return self.proposer.needs_hidden
 
+    def proposer_hidden(self, forward_rows: torch.Tensor | None) -> torch.Tensor | None:
+        """What a proposer with `needs_hidden` gets of the forward just run: the target's
+        captured layers of every row of it when a draft head set a capture
+        (`ModelRunner.set_hidden_capture`), else the forward's output rows; None for the others.
+        NOTE: take it right after the forward, before anything else runs one."""
+        if not self.needs_hidden:
+            return None
+        captured = self.runner.take_hidden()
+        return captured if captured is not None else forward_rows
+
     def on_extended(self, reqs: list[Req], hidden: torch.Tensor | None) -> None:
         """After an extend step (a prefill, a chunk of one, a re-queued request's extend):
-        `proposer.on_prefilled` with the forward's output rows (the extend's logits rows: each
-        request's last row when its prompt is complete, and input-logprob rows), then `release`
-        for those that finished there."""
+        `proposer.on_prefilled` with `proposer_hidden` of its forward (with a capture: every row,
+        `extend_len` per request; else the extend's logits rows: each request's last row when its
+        prompt is complete, and input-logprob rows), then `release` for those that finished
+        there."""
         for req in reqs:
             self.active[req.rid] = req
         self.proposer.on_prefilled(reqs, hidden)

@@ -90,10 +90,11 @@ def test_flags_and_defaults() -> None:
     )  # fmt: skip
     assert (prop.num_nodes, prop.max_window, prop.breadth) == (4, 3, 1)
     assert make_proposer(ServerArgs(), None) is None
-    with pytest.raises(InvalidRequestError, match="EAGLE3"):
+    with pytest.raises(InvalidRequestError, match="'x' does not exist") as err:
         make_proposer(
             ServerArgs(speculative_algorithm="EAGLE3", speculative_draft_model_path="x"), None
         )
+    assert err.value.field == "speculative_draft_model_path"
     with pytest.raises(InvalidRequestError, match="speculative_num_draft_tokens"):
         make_proposer(
             ServerArgs(speculative_algorithm="NGRAM", speculative_num_draft_tokens=65), None

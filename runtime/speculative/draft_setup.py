@@ -1,0 +1,159 @@
+"""Building a draft-model proposer from the server arguments (`--speculative-algorithm STANDALONE /
+EAGLE / EAGLE3`, `--speculative-draft-model-path`, the tree flags) next to the target's runner.
+
+The draft gets a `ModelRunner` of its own, built from the target's arguments with the draft's
+path and: a KV pool of the target's slots plus `max_running * topk * num_steps` for tree nodes
+(the draft holds at most the running requests' tokens, which the target's pool also holds;
+where it runs out, requests propose less), `topk` `req_to_token` rows per running request, a
+context `num_steps + 1` longer (tree nodes past the last position), and CUDA graphs for its draft
+steps up to `topk` x the target's graph batch bound (a head's with a static feature input,
+cuda_graph_runner.py).
+An EAGLE head is bound to the target's token embedding and logits, and the target captures the
+hidden states the head reads (`ModelRunner.set_hidden_capture`). On GPU the target's KV pool is
+sized with the draft in the budget (`draft_memory`): its weights and its KV per token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+
+from radixlm.runtime.errors import InvalidRequestError
+from radixlm.runtime.mem.kv_pool import KVPool
+from radixlm.runtime.models.default_model import ModelNotFoundError
+from radixlm.runtime.models.loader import resolve_model
+from radixlm.runtime.models.registry import UnsupportedModelError
+from radixlm.runtime.speculative.draft_tree import DraftShape
+from radixlm.runtime.speculative.draft_worker import DraftModelProposer
+
+if TYPE_CHECKING:
+    from radixlm.runtime.executor.model_runner import ModelRunner
+    from radixlm.runtime.server_args import ServerArgs
+
+DRAFT_ALGORITHMS = ("STANDALONE", "EAGLE", "EAGLE3")
+HEAD_ARCHITECTURES = {"EAGLE": "LlamaForCausalLMEagle", "EAGLE3": "LlamaForCausalLMEagle3"}
+DEFAULT_NUM_STEPS = 3
+
+
+def draft_shape(args: ServerArgs) -> DraftShape:
+    """The tree flags with their defaults: 3 steps, topk 1 (a chain), every chain node."""
+    steps = args.speculative_num_steps or DEFAULT_NUM_STEPS
+    return DraftShape.of(steps, args.speculative_eagle_topk or 1, args.speculative_num_draft_tokens)
+
+
+class DraftMemory(NamedTuple):
+    weight_bytes: int  # the draft's weights in the model dtype (estimated from its config)
+    kv_bytes_per_token: int  # its KV per token over all its layers
+
+
+def draft_memory(args: ServerArgs, dtype: torch.dtype, kv_dtype: torch.dtype) -> DraftMemory | None:
+    """What the draft of `args` will hold on the device, which the target's KV pool leaves room
+    for (ModelRunner._init_memory on GPU); None without a draft model. A head shares the target's
+    embedding (and, for EAGLE, its LM head)."""
+    algo = args.speculative_algorithm
+    if algo not in DRAFT_ALGORITHMS or not args.speculative_draft_model_path:
+        return None
+    dummy = args.load_format == "dummy" and algo == "STANDALONE"
+    cfg = resolve_model(args.speculative_draft_model_path, "dummy" if dummy else "auto").config
+    h, layers = cfg.hidden_size, cfg.num_hidden_layers
+    attn_in = 2 * h if algo == "EAGLE3" else h
+    per_layer = (
+        attn_in * (cfg.q_size + 2 * cfg.kv_size) + cfg.q_size * h + 3 * h * cfg.intermediate_size
+    )
+    params = layers * per_layer
+    if algo == "STANDALONE":
+        params += cfg.vocab_size * h * (1 if cfg.tie_word_embeddings else 2)
+    elif algo == "EAGLE":
+        params += 2 * h * h
+    else:
+        params += 3 * int(cfg.hf_config.get("target_hidden_size") or h) * h
+        params += int(cfg.hf_config.get("draft_vocab_size") or 0) * h
+    kv = KVPool.bytes_per_token(layers, cfg.num_key_value_heads, cfg.head_dim, kv_dtype)
+    return DraftMemory(params * torch.finfo(dtype).bits // 8, kv)
+
+
+def build_draft_proposer(args: ServerArgs, target: ModelRunner) -> DraftModelProposer:
+    """The proposer for `args.speculative_algorithm` (one of DRAFT_ALGORITHMS). Raises
+    InvalidRequestError naming the flag when the draft does not fit the algorithm or the target."""
+    from radixlm.runtime.executor.model_runner import ModelRunner
+    from radixlm.runtime.models.eagle import DraftHead
+
+    algo = args.speculative_algorithm
+    if algo not in DRAFT_ALGORITHMS:
+        raise InvalidRequestError(
+            f"{algo!r} is not a draft-model algorithm", "speculative_algorithm"
+        )
+    if args.tp_size != 1:
+        raise InvalidRequestError(
+            f"speculative_algorithm {algo} runs at tp_size 1 only", "speculative_algorithm"
+        )
+    path = args.speculative_draft_model_path
+    # NOTE: `--load-format dummy` (random weights for speed tests) gives a STANDALONE draft random
+    # weights of its config too; a draft head always loads its checkpoint.
+    dummy = args.load_format == "dummy" and algo == "STANDALONE"
+    try:
+        source = resolve_model(path, "dummy" if dummy else "auto")
+    except (ModelNotFoundError, UnsupportedModelError) as err:
+        raise InvalidRequestError(
+            f"speculative_draft_model_path: {err}", "speculative_draft_model_path"
+        ) from err
+    arch = source.config.architecture
+    want = HEAD_ARCHITECTURES.get(algo)
+    if want is not None and arch == "LlamaForCausalLM":
+        # NOTE: the EAGLE authors' own checkpoints name the plain Llama class: under EAGLE /
+        # EAGLE3 such a draft is read as the head (its tensors decide whether it is one)
+        source = dataclasses.replace(
+            source, config=dataclasses.replace(source.config, architecture=want)
+        )
+        arch = want
+    if want is not None and arch != want:
+        raise InvalidRequestError(
+            f"speculative_algorithm {algo} needs a {want} draft head; {path} is {arch}",
+            "speculative_draft_model_path",
+        )
+    if want is None and arch in HEAD_ARCHITECTURES.values():
+        raise InvalidRequestError(
+            f"{path} is a draft head ({arch}): use speculative_algorithm "
+            f"{'EAGLE3' if arch.endswith('3') else 'EAGLE'}",
+            "speculative_draft_model_path",
+        )
+    if source.config.vocab_size != target.config.vocab_size:
+        raise InvalidRequestError(
+            f"the draft's vocabulary ({source.config.vocab_size}) differs from the target's "
+            f"({target.config.vocab_size})",
+            "speculative_draft_model_path",
+        )
+    shape = draft_shape(args)
+    eagle = want is not None
+    extra = target.max_running * shape.topk * shape.num_steps
+    # NOTE: a draft step runs `topk` rows per request: graphs up to the target's bound times topk
+    graph_bs = min(args.resolved().cuda_graph_max_bs or target.max_running, target.max_running)
+    draft_args = args.replace(
+        model_path=path,
+        load_format=source.load_format,
+        quantization=None if eagle else args.quantization,
+        speculative_algorithm=None,
+        speculative_draft_model_path=None,
+        max_total_tokens=target.kv_pool.num_slots + extra,
+        max_running_requests=target.max_running * shape.topk,
+        context_length=target.context_len + shape.num_steps + 1,
+        cuda_graph_max_bs=graph_bs * shape.topk,
+    )
+
+    def bind(model) -> None:
+        if isinstance(model, DraftHead):
+            model.bind_target(target.model.embed_tokens, target.compute_logits)
+
+    try:
+        runner = ModelRunner(draft_args, source, on_loaded=bind)
+    except (KeyError, ValueError) as err:  # the checkpoint's tensors are not the format's
+        if not eagle or isinstance(err, InvalidRequestError):
+            raise
+        raise InvalidRequestError(
+            f"{path} is not an {algo} draft head ({want}): {err}", "speculative_draft_model_path"
+        ) from err
+    if eagle:
+        target.set_hidden_capture(runner.model.capture_layers(target.config.num_hidden_layers))
+    return DraftModelProposer(runner, shape, eagle)
