@@ -85,10 +85,6 @@ def build_draft_proposer(args: ServerArgs, target: ModelRunner) -> DraftModelPro
         raise InvalidRequestError(
             f"{algo!r} is not a draft-model algorithm", "speculative_algorithm"
         )
-    if args.tp_size != 1:
-        raise InvalidRequestError(
-            f"speculative_algorithm {algo} runs at tp_size 1 only", "speculative_algorithm"
-        )
     path = args.speculative_draft_model_path
     # NOTE: `--load-format dummy` (random weights for speed tests) gives a STANDALONE draft random
     # weights of its config too; a draft head always loads its checkpoint.

@@ -319,14 +319,6 @@ def test_target_capture_equals_the_reference_layers(paths, tmp_path) -> None:
     assert target.take_hidden() is None
 
 
-def test_draft_models_are_refused_under_tensor_parallelism(paths) -> None:
-    args = ServerArgs(model_path=paths["target"], tp_size=2, speculative_algorithm="STANDALONE",
-                      speculative_draft_model_path=paths["small"])  # fmt: skip
-    with pytest.raises(InvalidRequestError, match="tp_size 1") as err:
-        build_draft_proposer(args, None)
-    assert err.value.field == "speculative_algorithm"
-
-
 @pytest.mark.parametrize("room", [8, 14, 24, 40])
 def test_a_full_draft_pool_proposes_less_and_stays_consistent(paths, room) -> None:
     """With only `room` free draft slots (the rest taken), requests whose rows or tree do not fit
