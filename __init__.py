@@ -22,15 +22,18 @@ __all__ = [*_lang_all, *LAZY_NAMES, "__version__"]
 
 
 def _unshadow_checkout() -> None:
-    """Take this package's own folder off `sys.path`.
+    """Move this package's own folder to the end of `sys.path`.
 
     NOTE: the package's folder is a checkout's root. Python run from there (`python -m pytest`,
     `python -m radixlm ...`, and the child processes that inherit that working directory) puts it
-    on `sys.path`, and its subpackages then shadow top-level modules of the same names:
-    transformers >= 5.25 imports the `kernels` distribution from PyPI and got this package's
-    `kernels/`. radixlm is always imported as `radixlm.*`, so nothing needs that entry."""
+    first on `sys.path`, and its subpackages then shadow installed top-level modules of the same
+    names: transformers >= 5.25 imports the `kernels` distribution from PyPI and got this
+    package's `kernels/`. Last, it still serves what only it has (the tests' `tests.*` modules,
+    which spawned test processes import by name)."""
     here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    entries = [p for p in sys.path if os.path.abspath(p or os.curdir) == here]
+    if entries:
+        sys.path[:] = [p for p in sys.path if p not in entries] + [here]
 
 
 _unshadow_checkout()
