@@ -1,6 +1,6 @@
 """Build and load the CPU kernel library once per machine, into a cache folder.
 
-The sources (`linear.cpp`, `attention.cpp`, `norm.cpp`, `decode.cpp`) compile into one shared
+The sources (`linear.cpp`, `attention.cpp`, `norm.cpp`, `activation.cpp`, `decode.cpp`) compile into one shared
 library per instruction set: `avx512vnni` (AVX-512 F/BW/VL/DQ + VNNI: the int8 block dots of
 `q8dot.h` as `vpdpbusd`), `avx512` (the same without VNNI) and `avx2` (AVX2/FMA/F16C). `load()`
 picks the widest one this CPU runs (torch's own run-time detection,
@@ -30,11 +30,12 @@ logger = logging.getLogger(__name__)
 
 _DIR = os.path.dirname(__file__)
 _SOURCES = [
-    os.path.join(_DIR, f) for f in ("linear.cpp", "attention.cpp", "norm.cpp", "decode.cpp")
+    os.path.join(_DIR, f)
+    for f in ("linear.cpp", "attention.cpp", "norm.cpp", "activation.cpp", "decode.cpp")
 ]
 _HEADERS = [
     os.path.join(_DIR, f)
-    for f in ("linear_simd.h", "kquants.h", "q8dot.h", "gemv.h", "attention.h")
+    for f in ("linear_simd.h", "kquants.h", "q8dot.h", "gemv.h", "attention.h", "activation.h")
 ]
 _AVX2 = ["-mavx2", "-mfma", "-mf16c"]
 _AVX512 = [*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
@@ -110,6 +111,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.rl_decode_attention.restype = i32
     lib.rl_rmsnorm.argtypes = [p, p, p, ctypes.c_float, i64, i64, p, p]
     lib.rl_rmsnorm.restype = i32
+    lib.rl_silu_mul.argtypes = [p, i64, i64, p]
+    lib.rl_silu_mul.restype = i32
     lib.rl_decode_scratch.argtypes = [p, i64]
     lib.rl_decode_scratch.restype = i64
     lib.rl_decode_step.argtypes = [p, p, p, p, p, p, i64, p, p]

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "activation.h"
 #include "attention.h"
 #include "gemv.h"
 
@@ -248,10 +249,7 @@ static void step(const RlModel& m, const int64_t* ids, const int64_t* pos, const
       linear_rows(L.gate_up, gx, B, i0, i1, gu, 2 * I);
       linear_rows(L.gate_up, gx, B, I + i0, I + i1, gu, 2 * I);
       for (int64_t b = 0; b < B; ++b)
-        for (int64_t i = i0; i < i1; ++i) {
-          const float g = gu[b * 2 * I + i];
-          act[b * I + i] = g / (1.0f + expf(-g)) * gu[b * 2 * I + I + i];
-        }
+        silu_mul_row(gu + b * 2 * I + i0, gu + b * 2 * I + I + i0, i1 - i0, act + b * I + i0);
     });
     linear_phase(ph, L.down, act, B, h, D, xs);
   }

@@ -201,3 +201,16 @@ def test_rmsnorm_matches_reference(with_residual: bool, rows: int) -> None:
         assert torch.equal(got[1], want[1])  # the residual sum is exact
     else:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@needs_lib
+@pytest.mark.parametrize("shape", [(1, 2 * 1536), (40, 2 * 100)])  # 100: a tail of 4 lanes
+def test_silu_mul_matches_torch(shape: tuple[int, int]) -> None:
+    from radixlm.kernels.cpu.activation import silu_mul
+
+    y = torch.randn(*shape) * 8
+    y[0, :3] = torch.tensor([-200.0, 200.0, 0.0])  # exp's clamps, and zero
+    gate, up = y.chunk(2, dim=-1)
+    got = silu_mul(y)
+    assert got is not None
+    torch.testing.assert_close(got, torch.nn.functional.silu(gate) * up, rtol=2e-6, atol=1e-30)

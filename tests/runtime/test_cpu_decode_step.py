@@ -87,8 +87,8 @@ def test_step_is_one_call_and_matches_the_layer_path(runner: ModelRunner) -> Non
         _release(runner, slots, rows)
     print(f"torch operators per decode step: {ops} (layer by layer: {layer_ops})")
     assert ops <= 25 < 1000 < layer_ops, (ops, layer_ops)
-    torch.testing.assert_close(fast, slow, rtol=1e-3, atol=2e-3)
-    assert torch.equal(fast.argmax(-1), slow.argmax(-1))
+    # NOTE: bitwise: the step runs the layer path's kernels (linears, attention, norms, silu)
+    assert torch.equal(fast, slow)
 
 
 def test_greedy_tokens_equal_the_layer_path(runner: ModelRunner) -> None:
