@@ -27,13 +27,6 @@ static inline bool is_q8_block(int q) {
   return q == Q8_0 || q == Q4_0 || q == Q4_1 || q == Q5_0 || q == Q5_1;
 }
 
-static inline float hsum8(__m256 a) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 // Row m of x: q8 [K] int8, d8 / s8 [K / 32] (see the header).
 static inline void q8_quantize_row(const float* x, int64_t K, int8_t* q8, float* d8, float* s8) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
