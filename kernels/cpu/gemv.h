@@ -191,13 +191,20 @@ template <int Q, int MC>
 static void q8_strip(const XForms& x, int64_t m, int64_t K, const uint8_t* w, int64_t n0,
                      int64_t n1, float* y, int64_t ldy, bool prefetch) {
   const int64_t nb = K / 32, row_bytes = nb * block_bytes(Q);
+  const float* d8x16 = nullptr;
+#if VW == 16
+  static thread_local std::vector<float> spread;  // NOTE: per thread, reused by every strip
+  spread.resize(MC * (nb / 2) * 16);
+  q8_spread(x.d8 + m * nb, nb, MC, spread.data());
+  d8x16 = spread.data();
+#endif
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = w + n * row_bytes;
     if (prefetch && n + 2 < n1)  // NOTE: the row after next into L1 (first strip: from memory)
       for (int64_t o = 0; o < row_bytes; o += 64)
         _mm_prefetch((const char*)(row + 2 * row_bytes + o), _MM_HINT_T0);
-    q8_row_multi<Q, MC>(row, x.q8 + m * K, x.d8 + m * nb, x.s8 + m * nb, K, nb, y + m * ldy + n,
-                        ldy);
+    q8_row_multi<Q, MC>(row, x.q8 + m * K, x.d8 + m * nb, x.s8 + m * nb, d8x16, K, nb,
+                        y + m * ldy + n, ldy);
   }
 }
 

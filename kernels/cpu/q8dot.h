@@ -13,12 +13,14 @@
 // Batch invariance: one output y[m, n] is computed by the same operations in the same order
 // whatever M, the tile of rows it shares a weight row with, or the build (AVX2 or AVX-512):
 //   P_b     = the 8 int32 lanes of the block's integer dot (lane i: values 4i .. 4i + 3; exact)
-//   A_even  = fma-chain over the even blocks b of  cvt(P_b) * (d_b * d8_b)   (8 fp32 lanes)
-//   A_odd   = the same over the odd blocks
+//   A_even  = fma-chain over the even blocks b of  (cvt(P_b) * d8_b) * d_b   (8 fp32 lanes)
+//   A_odd   = the same over the odd blocks  (each: a multiply, then an fma with d_b)
 //   y       = hsum8(A_even + A_odd) + mins_dot(mn, s8)  (mins_dot: 8 lanes over the blocks)
 // The AVX-512 build runs two blocks per 512-bit register: its low half is A_even, its high half
 // A_odd, so the numbers are those of the AVX2 build. The kernel takes MC x rows per weight row
-// (MC = 1 at batch 1): the tile only decides which rows share the unpacked weight block.
+// (MC = 1 at batch 1): the tile only decides which rows share the unpacked weight block. The x
+// side's scale multiplies first so that, per x row and block, it is one load (AVX-512: `d8x16`,
+// the block pairs' scales spread over 16 lanes, built once per tile of x rows by `q8_spread`).
 #pragma once
 #include "linear_simd.h"
 
@@ -144,9 +146,17 @@ static constexpr int64_t Q8_MAX_BLOCKS = 4096;  // K <= 131072 values per row
 
 // y[m * ldy] for m < MC = weight row `row` (nb blocks of type Q) against x rows m of the Q8 form
 // (q8 stride K, d8 / s8 stride nb). Every y has its own accumulators (see the header).
+// d8x16[(m * (nb / 2) + p) * 16 + l] = d8 of x row m, block 2p + l / 8 (the AVX-512 loop's
+// per-pair scale vector), for MC rows.
+static inline void q8_spread(const float* d8, int64_t nb, int MC, float* d8x16) {
+  for (int64_t m = 0; m < MC; ++m)
+    for (int64_t p = 0; p < nb / 2; ++p)
+      for (int l = 0; l < 16; ++l) d8x16[(m * (nb / 2) + p) * 16 + l] = d8[m * nb + 2 * p + l / 8];
+}
+
 template <int Q, int MC>
 static void q8_row_multi(const uint8_t* row, const int8_t* q8, const float* d8, const float* s8,
-                         int64_t K, int64_t nb, float* y, int64_t ldy) {
+                         const float* d8x16, int64_t K, int64_t nb, float* y, int64_t ldy) {
   constexpr int BB = Q == Q8_0 ? 34 : Q == Q4_0 ? 18 : Q == Q4_1 ? 20 : Q == Q5_0 ? 22 : 24;
   float mn[Q8_MAX_BLOCKS];
   int64_t b = 0;
@@ -160,7 +170,8 @@ static void q8_row_multi(const uint8_t* row, const int8_t* q8, const float* d8, 
     const __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(k0.u), k1.u, 1);
     __m512i sgn = _mm512_setzero_si512();
     if (Q == Q8_0) sgn = _mm512_inserti64x4(_mm512_castsi256_si512(k0.sgn), k1.sgn, 1);
-    const __m128 dw = _mm_setr_ps(k0.d, k1.d, 0.0f, 0.0f);
+    const __m512 dw = _mm512_permutexvar_ps(
+        pairs, _mm512_castps128_ps512(_mm_setr_ps(k0.d, k1.d, 0.0f, 0.0f)));
     for (int m = 0; m < MC; ++m) {
       const int8_t* qx = q8 + m * K + b * 32;
       __m512i s = _mm512_loadu_si512((const void*)qx);
@@ -173,9 +184,8 @@ static void q8_row_multi(const uint8_t* row, const int8_t* q8, const float* d8, 
 #else
       const __m512i p = _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));
 #endif
-      const __m128 sc = _mm_mul_ps(dw, _mm_castpd_ps(_mm_load_sd((const double*)(d8 + m * nb + b))));
-      const __m512 scale = _mm512_permutexvar_ps(pairs, _mm512_castps128_ps512(sc));
-      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scale, acc[m]);
+      const __m512 dx = _mm512_loadu_ps(d8x16 + (m * (nb / 2) + b / 2) * 16);
+      acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(p), dx), dw, acc[m]);
     }
   }
   __m256 ae[MC], ao[MC];
@@ -189,22 +199,27 @@ static void q8_row_multi(const uint8_t* row, const int8_t* q8, const float* d8, 
   for (; b + 2 <= nb; b += 2) {
     const Q8Block k0 = q8_unpack<Q>(row + b * BB), k1 = q8_unpack<Q>(row + (b + 1) * BB);
     mn[b] = k0.mn, mn[b + 1] = k1.mn;
+    const __m256 dw0 = _mm256_set1_ps(k0.d), dw1 = _mm256_set1_ps(k1.d);
     for (int m = 0; m < MC; ++m) {
       const int8_t* qx = q8 + m * K + b * 32;
       const float* dx = d8 + m * nb + b;
-      ae[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_block_dot<Q>(k0, qx)),
-                              _mm256_set1_ps(k0.d * dx[0]), ae[m]);
-      ao[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_block_dot<Q>(k1, qx + 32)),
-                              _mm256_set1_ps(k1.d * dx[1]), ao[m]);
+      const __m256 t0 = _mm256_mul_ps(_mm256_cvtepi32_ps(q8_block_dot<Q>(k0, qx)),
+                                      _mm256_broadcast_ss(dx));
+      const __m256 t1 = _mm256_mul_ps(_mm256_cvtepi32_ps(q8_block_dot<Q>(k1, qx + 32)),
+                                      _mm256_broadcast_ss(dx + 1));
+      ae[m] = _mm256_fmadd_ps(t0, dw0, ae[m]);
+      ao[m] = _mm256_fmadd_ps(t1, dw1, ao[m]);
     }
   }
 #endif
   if (b < nb) {  // an odd block count: the last (even) block
     const Q8Block k0 = q8_unpack<Q>(row + b * BB);
     mn[b] = k0.mn;
-    for (int m = 0; m < MC; ++m)
-      ae[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_block_dot<Q>(k0, q8 + m * K + b * 32)),
-                              _mm256_set1_ps(k0.d * d8[m * nb + b]), ae[m]);
+    for (int m = 0; m < MC; ++m) {
+      const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(q8_block_dot<Q>(k0, q8 + m * K + b * 32)),
+                                     _mm256_broadcast_ss(d8 + m * nb + b));
+      ae[m] = _mm256_fmadd_ps(t, _mm256_set1_ps(k0.d), ae[m]);
+    }
   }
   for (int m = 0; m < MC; ++m) {
     const float mins = Q == Q8_0 ? 0.0f : q8_mins_dot(mn, s8 + m * nb, nb);
