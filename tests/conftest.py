@@ -52,6 +52,14 @@ def engine() -> Any:
 
 
 @pytest.fixture(scope="session")
+def fp32_engine() -> Any:
+    """The default model in fp32 (its GGUF file de-quantised): the path whose greedy tokens and
+    logprobs equal transformers' (the default CPU mode computes the Q4_1 blocks on Q8-quantised
+    activations, as llama.cpp does: within the quality gate, not token for token)."""
+    return get_engine(dtype="float32")
+
+
+@pytest.fixture(scope="session")
 def outlines_engine() -> Any:
     """The default engine on the alternative grammar backend (`grammar_backend="outlines"`)."""
     return get_engine(grammar_backend="outlines")
@@ -68,8 +76,12 @@ def hf_reference() -> Any:
 @pytest.fixture(scope="session")
 def main_server() -> Iterator[ServerProcess]:
     """The server shared by the API modules (native, OpenAI, security): API key on, so every
-    test also proves that authorized requests work; a body limit above the long-prompt tests."""
-    server = ServerProcess("--max-request-body-bytes", str(MAIN_BODY_LIMIT), api_key=MAIN_API_KEY)
+    test also proves that authorized requests work; a body limit above the long-prompt tests; fp32
+    weights, so that its outputs can be compared with transformers' (see `fp32_engine`)."""
+    server = ServerProcess(
+        "--max-request-body-bytes", str(MAIN_BODY_LIMIT), "--dtype", "float32",
+        api_key=MAIN_API_KEY,
+    )  # fmt: skip
     try:
         server.wait_ready()
         yield server

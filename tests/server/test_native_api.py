@@ -40,13 +40,13 @@ def test_health_endpoints(server):
     assert server.client.get("/health_generate").status_code == 200
 
 
-def test_generate_parity_with_engine_and_transformers(server, engine, hf_reference):
+def test_generate_parity_with_engine_and_transformers(server, fp32_engine, hf_reference):
     prompts = [PARITY_PROMPTS[0], PARITY_PROMPTS[4]]  # plain text; chat-templated
     resp = server.client.post("/generate", json={"text": prompts, "sampling_params": GREEDY})
     assert resp.status_code == 200, resp.text
     outs = resp.json()
     assert isinstance(outs, list) and len(outs) == len(prompts)
-    engine_outs = engine.generate(prompts, GREEDY)
+    engine_outs = fp32_engine.generate(prompts, GREEDY)
     reference = hf_greedy_outputs(hf_reference, prompts, MAX_NEW)
     for out, eng, ref in zip(outs, engine_outs, reference, strict=True):
         assert out["output_ids"] == eng["output_ids"] == ref
@@ -115,13 +115,13 @@ def test_stream_sse_framing(server):
     assert {c["index"] for c in events[:-1]} == {0, 1} and events[-1] == "[DONE]"
 
 
-def test_logprobs_and_runtime_endpoint_select(server, engine):
+def test_logprobs_and_runtime_endpoint_select(server, fp32_engine):
     prompt = PARITY_PROMPTS[3]
     body = {"text": prompt, "sampling_params": {"max_new_tokens": 4, "temperature": 0},
             "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 3,
             "return_text_in_logprobs": True}  # fmt: skip
     meta = server.client.post("/generate", json=body).json()["meta_info"]
-    ref = engine.generate(prompt, {"max_new_tokens": 4, "temperature": 0}, return_logprob=True,
+    ref = fp32_engine.generate(prompt, {"max_new_tokens": 4, "temperature": 0}, return_logprob=True,
                           logprob_start_len=0, top_logprobs_num=3, return_text_in_logprobs=True)["meta_info"]  # fmt: skip
     for key in ("input_token_logprobs", "output_token_logprobs"):
         assert [t for _, t, _ in meta[key]] == [t for _, t, _ in ref[key]]
