@@ -185,9 +185,13 @@ class TorchAttnBackend(AttentionBackend):
             start += n
         if self.cpu_decode and window is None:
             counts = torch.tensor(batch.extend_seq_lens_cpu)
-            meta.token_rows = torch.tensor(rows_cpu).repeat_interleave(counts)
+            token_rows = torch.tensor(rows_cpu).repeat_interleave(counts)
             firsts = torch.tensor(batch.extend_prefix_lens_cpu) - (counts.cumsum(0) - counts)
-            meta.token_lens = torch.arange(1, start + 1) + firsts.repeat_interleave(counts)
+            token_lens = torch.arange(1, start + 1) + firsts.repeat_interleave(counts)
+            # NOTE: only where req_to_token already holds the new tokens' slots (the scheduler
+            # writes them before the forward; a batch built otherwise keeps SDPA)
+            if torch.equal(table[token_rows, token_lens - 1].long(), batch.out_cache_loc.long()):
+                meta.token_rows, meta.token_lens = token_rows, token_lens
         return meta
 
     def forward_extend(
