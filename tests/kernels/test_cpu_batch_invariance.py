@@ -127,3 +127,28 @@ def test_cpu_linear_layer_is_batch_invariant(form: str) -> None:
     for i in (0, 17, 47):
         assert torch.equal(layer(x[i : i + 1])[0], full[i])
     assert torch.equal(layer(x[8:17]), full[8:17])
+
+
+@needs_lib
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+def test_attention_query_alone_equals_extend_block(kv_dtype: torch.dtype) -> None:
+    """The CPU attention kernel: an extend's 40 causal queries of one request in one call (runs of
+    tokens sharing K/V loads), mixed with another request's decode query, equal each query
+    computed alone (a decode step's attention), bitwise."""
+    from radixlm.kernels.cpu.attention import decode_attention
+
+    heads, kv_heads, dim, n = 9, 3, 64, 40
+    k_pool = torch.randn(128, kv_heads, dim).to(kv_dtype)
+    v_pool = torch.randn(128, kv_heads, dim).to(kv_dtype)
+    table = torch.zeros(3, 64, dtype=torch.int32)
+    table[1, :n] = torch.randperm(100)[:n].int() + 1
+    table[2, :7] = torch.arange(101, 108, dtype=torch.int32)
+    rows = torch.tensor([1] * n + [2])
+    lens = torch.tensor([*range(1, n + 1), 7])
+    q = torch.randn(n + 1, heads, dim)
+    together = decode_attention(q, k_pool, v_pool, table, rows, lens, dim**-0.5)
+    assert together is not None
+    for t in range(n + 1):
+        alone = decode_attention(q[t : t + 1], k_pool, v_pool, table, rows[t : t + 1],
+                                 lens[t : t + 1], dim**-0.5)  # fmt: skip
+        assert alone is not None and torch.equal(alone[0], together[t]), f"query {t}"
