@@ -76,12 +76,8 @@ def hf_reference() -> Any:
 @pytest.fixture(scope="session")
 def main_server() -> Iterator[ServerProcess]:
     """The server shared by the API modules (native, OpenAI, security): API key on, so every
-    test also proves that authorized requests work; a body limit above the long-prompt tests; fp32
-    weights, so that its outputs can be compared with transformers' (see `fp32_engine`)."""
-    server = ServerProcess(
-        "--max-request-body-bytes", str(MAIN_BODY_LIMIT), "--dtype", "float32",
-        api_key=MAIN_API_KEY,
-    )  # fmt: skip
+    test also proves that authorized requests work; a body limit above the long-prompt tests."""
+    server = ServerProcess("--max-request-body-bytes", str(MAIN_BODY_LIMIT), api_key=MAIN_API_KEY)
     try:
         server.wait_ready()
         yield server
