@@ -52,6 +52,14 @@ def engine() -> Any:
 
 
 @pytest.fixture(scope="session")
+def fp32_engine() -> Any:
+    """The default model in fp32 (its GGUF file de-quantised): the path whose greedy tokens and
+    logprobs equal transformers' (the default CPU mode computes the Q4_1 blocks on Q8-quantised
+    activations, as llama.cpp does: within the quality gate, not token for token)."""
+    return get_engine(dtype="float32")
+
+
+@pytest.fixture(scope="session")
 def outlines_engine() -> Any:
     """The default engine on the alternative grammar backend (`grammar_backend="outlines"`)."""
     return get_engine(grammar_backend="outlines")

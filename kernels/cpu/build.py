@@ -1,8 +1,10 @@
 """Build and load the CPU kernel library once per machine, into a cache folder.
 
-The sources (`linear.cpp`, `attention.cpp`, `norm.cpp`, `decode.cpp`) compile into one shared library per instruction set: `avx512` (AVX-512 F/BW/VL/DQ +
-AVX2/FMA/F16C) and `avx2` (AVX2/FMA/F16C). `load()` picks the widest one this CPU runs (torch's
-own run-time detection, `torch.backends.cpu.get_cpu_capability()`), builds it on first use with
+The sources (`linear.cpp`, `attention.cpp`, `norm.cpp`, `activation.cpp`, `decode.cpp`) compile into one shared
+library per instruction set: `avx512vnni` (AVX-512 F/BW/VL/DQ + VNNI: the int8 block dots of
+`q8dot.h` as `vpdpbusd`), `avx512` (the same without VNNI) and `avx2` (AVX2/FMA/F16C). `load()`
+picks the widest one this CPU runs (torch's own run-time detection,
+`torch.backends.cpu.get_cpu_capability()` and its CPU feature table), builds it on first use with
 the system C++ compiler (`$CXX`, else g++ or c++; OpenMP) into
 `$RADIXLM_CACHE_DIR` (default `~/.cache/radixlm`)/`cpu_kernels/<hash>/`, and opens it with ctypes:
 a plain C ABI, no torch headers, so a build takes seconds. Where nothing can be built or loaded
@@ -28,14 +30,20 @@ logger = logging.getLogger(__name__)
 
 _DIR = os.path.dirname(__file__)
 _SOURCES = [
-    os.path.join(_DIR, f) for f in ("linear.cpp", "attention.cpp", "norm.cpp", "decode.cpp")
+    os.path.join(_DIR, f)
+    for f in ("linear.cpp", "attention.cpp", "norm.cpp", "activation.cpp", "decode.cpp")
 ]
-_HEADERS = [os.path.join(_DIR, f) for f in ("linear_simd.h", "kquants.h", "gemv.h", "attention.h")]
-_FLAGS = {
-    "avx2": ["-mavx2", "-mfma", "-mf16c"],
-    "avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"],
-}
+_HEADERS = [
+    os.path.join(_DIR, f)
+    for f in ("linear_simd.h", "kquants.h", "q8dot.h", "gemv.h", "attention.h", "activation.h")
+]
+_AVX2 = ["-mavx2", "-mfma", "-mf16c"]
+_AVX512 = [*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
+_FLAGS = {"avx2": _AVX2, "avx512": _AVX512, "avx512vnni": [*_AVX512, "-mavx512vnni"]}
+# NOTE: -ffp-contract=off: no FMA the source does not write, so one expression rounds the same in
+# every kernel it is inlined into (the batch invariance of gemv.h relies on it).
 _BASE_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-fno-math-errno"]
+_BASE_FLAGS += ["-ffp-contract=off"]
 DISABLE_ENV = "RADIXLM_CPU_KERNELS"  # "0": always use torch's kernels
 
 
@@ -45,7 +53,8 @@ def isa() -> str | None:
 
     cap = torch.backends.cpu.get_cpu_capability()
     if cap.startswith("AVX512"):
-        return "avx512"
+        features = getattr(torch._C._cpu, "_get_cpu_capability", dict)()
+        return "avx512vnni" if features.get("avx512_vnni") else "avx512"
     if cap == "AVX2":
         return "avx2"
     return None
@@ -102,6 +111,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.rl_decode_attention.restype = i32
     lib.rl_rmsnorm.argtypes = [p, p, p, ctypes.c_float, i64, i64, p, p]
     lib.rl_rmsnorm.restype = i32
+    lib.rl_silu_mul.argtypes = [p, i64, i64, p]
+    lib.rl_silu_mul.restype = i32
     lib.rl_decode_scratch.argtypes = [p, i64]
     lib.rl_decode_scratch.restype = i64
     lib.rl_decode_step.argtypes = [p, p, p, p, p, p, i64, p, p]

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "activation.h"
 #include "attention.h"
 #include "gemv.h"
 
@@ -90,24 +91,25 @@ struct Phases {
 static constexpr int64_t ROWS_PER_CHUNK = 32;  // weight rows per claimed chunk of a linear
 static constexpr int64_t PHASES_PER_LAYER = 8;
 
-static bool linear_needs_xsum(const RlLinear& L) {
+static bool linear_needs(const RlLinear& L, bool (*pred)(int)) {
   for (int p = 0; p < L.nparts; ++p)
-    if (L.kind[p] == 1 && needs_xsum(L.type[p])) return true;
+    if (L.kind[p] == 1 && pred(L.type[p])) return true;
   return false;
 }
 
-// Output rows [n0, n1) of linear L for x [M, K]: y[m * ldy + n] (+ bias).
-static void linear_rows(const RlLinear& L, const float* x, int64_t M, const float* xsum,
-                        int64_t n0, int64_t n1, float* y, int64_t ldy) {
+// Output rows [n0, n1) of linear L for x [M, K] (in the forms its parts read): y[m * ldy + n]
+// (+ bias).
+static void linear_rows(const RlLinear& L, const XForms& x, int64_t M, int64_t n0, int64_t n1,
+                        float* y, int64_t ldy) {
   int64_t base = 0;
   for (int p = 0; p < L.nparts; ++p) {
     const int64_t a = std::max(n0, base), b = std::min(n1, base + L.rows[p]);
     if (a < b) {
       if (L.kind[p] == 0)
-        dense_rows_any(L.type[p], x, M, L.K, L.w[p], a - base, b - base, y + base, ldy);
+        dense_rows_any(L.type[p], x.x, M, L.K, L.w[p], a - base, b - base, y + base, ldy);
       else
-        quant_rows(L.type[p], x, M, L.K, (const uint8_t*)L.w[p], xsum, a - base, b - base,
-                   y + base, ldy);
+        quant_rows(L.type[p], x, M, L.K, (const uint8_t*)L.w[p], a - base, b - base, y + base,
+                   ldy);
     }
     base += L.rows[p];
   }
@@ -116,12 +118,9 @@ static void linear_rows(const RlLinear& L, const float* x, int64_t M, const floa
       for (int64_t n = n0; n < n1; ++n) y[m * ldy + n] += L.bias[n];
 }
 
-static const float* sums_of(const RlLinear& L, const float* x, int64_t M,
-                            std::vector<float>& xs) {
-  if (!linear_needs_xsum(L)) return nullptr;
-  xs.resize(M * (L.K / 32));
-  x_block_sums(x, M, L.K, xs.data());
-  return xs.data();
+// x in the forms L's parts read (its per-32 sums, its Q8 form), in this thread's buffer.
+static XForms forms_of(const RlLinear& L, const float* x, int64_t M, XBuf& buf) {
+  return buf.prepare(x, M, L.K, linear_needs(L, needs_xsum), linear_needs(L, is_q8_block));
 }
 
 // out = w * (h / sqrt(mean(h^2) + eps)) of one row h [D].
@@ -190,13 +189,12 @@ static void attend(const RlModel& m, const RlLayer& L, const float* q, int64_t b
 
 // Rows of linear L for x [M, K] into y (ldy), in chunks of ROWS_PER_CHUNK claimed by the threads.
 static void linear_phase(Phases& ph, const RlLinear& L, const float* x, int64_t M, float* y,
-                         int64_t ldy, std::vector<float>& xs) {
-  const float* sums = nullptr;
+                         int64_t ldy, XBuf& buf) {
+  XForms xf{};
   bool have = false;
   ph.run((L.N + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK, [&](int64_t c) {
-    if (!have) sums = sums_of(L, x, M, xs), have = true;  // NOTE: per thread, once per phase
-    linear_rows(L, x, M, sums, c * ROWS_PER_CHUNK, std::min(L.N, (c + 1) * ROWS_PER_CHUNK), y,
-                ldy);
+    if (!have) xf = forms_of(L, x, M, buf), have = true;  // NOTE: per thread, once per phase
+    linear_rows(L, xf, M, c * ROWS_PER_CHUNK, std::min(L.N, (c + 1) * ROWS_PER_CHUNK), y, ldy);
   });
 }
 
@@ -212,7 +210,8 @@ static void step(const RlModel& m, const int64_t* ids, const int64_t* pos, const
   float* ao = qkv + B * nqkv;   // [B, qn] attention output
   float* gu = ao + B * qn;      // [B, 2I]
   float* act = gu + B * 2 * I;  // [B, I]
-  std::vector<float> xs, sc;
+  XBuf xs;
+  std::vector<float> sc;
   ph.run(B, [&](int64_t b) { load_row(m.emb, m.emb_type, ids[b] * D, res + b * D, D); });
   for (int64_t l = 0; l < m.n_layers; ++l) {
     const RlLayer& L = m.layers[l];
@@ -242,18 +241,15 @@ static void step(const RlModel& m, const int64_t* ids, const int64_t* pos, const
       rms_row(res + b * D, L.post_norm, m.eps, D, xn + b * D);
     });
     // gate row i and up row I + i in one chunk: silu(g) * u stays within the chunk
-    const float* gs = nullptr;
+    XForms gx{};
     bool have = false;
     ph.run((I + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK, [&](int64_t c) {
-      if (!have) gs = sums_of(L.gate_up, xn, B, xs), have = true;
+      if (!have) gx = forms_of(L.gate_up, xn, B, xs), have = true;
       const int64_t i0 = c * ROWS_PER_CHUNK, i1 = std::min(I, i0 + ROWS_PER_CHUNK);
-      linear_rows(L.gate_up, xn, B, gs, i0, i1, gu, 2 * I);
-      linear_rows(L.gate_up, xn, B, gs, I + i0, I + i1, gu, 2 * I);
+      linear_rows(L.gate_up, gx, B, i0, i1, gu, 2 * I);
+      linear_rows(L.gate_up, gx, B, I + i0, I + i1, gu, 2 * I);
       for (int64_t b = 0; b < B; ++b)
-        for (int64_t i = i0; i < i1; ++i) {
-          const float g = gu[b * 2 * I + i];
-          act[b * I + i] = g / (1.0f + expf(-g)) * gu[b * 2 * I + I + i];
-        }
+        silu_mul_row(gu + b * 2 * I + i0, gu + b * 2 * I + I + i0, i1 - i0, act + b * I + i0);
     });
     linear_phase(ph, L.down, act, B, h, D, xs);
   }

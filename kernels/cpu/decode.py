@@ -107,6 +107,8 @@ def _check_linear(spec: LinearSpec) -> bool:
             return False
         if qtype >= 0 and (qtype not in cl.BLOCK_BYTES or spec.k % cl.BLOCK_ELEMS[qtype]):
             return False
+    if spec.k > cl.MAX_K:
+        return False
     return 0 < len(spec.parts) <= MAX_PARTS
 
 
@@ -195,8 +197,10 @@ class DecodeStep:
 
 # ---- torch reference ------------------------------------------------------------------------------
 def _linear_ref(spec: LinearSpec, x: torch.Tensor) -> torch.Tensor:
-    ws = [w.float() if q < 0 else cl.dequant_ref(w, q, spec.k) for w, q in spec.parts]
-    y = x @ torch.cat(ws).t()
+    ys = [
+        x @ w.float().t() if q < 0 else cl.linear_quant_ref(x, w, q, spec.k) for w, q in spec.parts
+    ]
+    y = torch.cat(ys, dim=-1)
     return y if spec.bias is None else y + spec.bias
 
 

@@ -6,28 +6,41 @@
 // One source, compiled twice by kernels/cpu/build.py: with -mavx2 -mfma -mf16c (8 lanes) and with
 // AVX-512 F/BW/VL/DQ as well (16 lanes); Python picks the library at run time from the CPU's
 // features. A plain C ABI (called through ctypes): no torch headers, builds in seconds.
+#include <algorithm>
 #include <vector>
 
 #include "gemv.h"
 
+// Work items of y [M, N]: blocks of M_BLOCK x rows by chunks of N_CHUNK weight rows. A chunk's
+// weights stay in L2 while the block's x rows stream past; at decode (M <= M_BLOCK) the items
+// are the chunks, each weight row read from memory once per call.
+static constexpr int64_t N_CHUNK = 32, M_BLOCK = 256;
+
+template <class F>
+static void over_tiles(int64_t M, int64_t N, F&& f) {
+  const int64_t nn = (N + N_CHUNK - 1) / N_CHUNK, nm = (M + M_BLOCK - 1) / M_BLOCK;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < nn * nm; ++t) {
+    const int64_t i = t % nn, j = t / nn;
+    const int64_t m0 = j * M_BLOCK, n0 = i * N_CHUNK;
+    f(m0, std::min(M, m0 + M_BLOCK), n0, std::min(N, n0 + N_CHUNK));
+  }
+}
+
 template <int T>
 static void dense(const float* x, int64_t M, int64_t K, const void* w, int64_t N, float* y) {
-  const int64_t tiles = N / 4;
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < tiles; ++t) dense_tile4<T>(x, M, K, w, t * 4, y, N);
-  for (int64_t n = tiles * 4; n < N; ++n) dense_row<T>(x, M, K, w, n, y, N);
+  over_tiles(M, N, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    dense_rows<T>(x + m0 * K, m1 - m0, K, w, n0, n1, y + m0 * N, N);
+  });
 }
 
 static void quant(int qtype, const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N,
                   float* y) {
-  std::vector<float> xsum(needs_xsum(qtype) ? M * (K / 32) : 0);  // per 32 values of x
-  if (!xsum.empty()) x_block_sums(x, M, K, xsum.data());
-  const int64_t chunk = 16;
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < (N + chunk - 1) / chunk; ++c) {
-    const int64_t n0 = c * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
-    quant_rows(qtype, x, M, K, w, xsum.data(), n0, n1, y, N);
-  }
+  XBuf buf;
+  const XForms xf = buf.prepare(x, M, K, needs_xsum(qtype), is_q8_block(qtype));
+  over_tiles(M, N, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    quant_rows(qtype, xf.from_row(m0, K), m1 - m0, K, w, n0, n1, y + m0 * N, N);
+  });
 }
 
 template <int Q>
@@ -88,7 +101,7 @@ int rl_linear_dense(const float* x, int64_t M, int64_t K, const void* w, int wty
 int rl_linear_quant(const float* x, int64_t M, int64_t K, const uint8_t* w, int qtype, int64_t N,
                     float* y) {
   if (!known_qtype(qtype)) return -1;
-  if (K % block_elems(qtype)) return -2;
+  if (K % block_elems(qtype) || K / 32 > Q8_MAX_BLOCKS) return -2;
   quant(qtype, x, M, K, w, N, y);
   return 0;
 }

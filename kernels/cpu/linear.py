@@ -1,10 +1,16 @@
 """Small-batch linear layers on CPU: `y = x W^T` with W in fp32, fp16, bf16 or GGUF blocks.
 
 `linear_dense(x, w)` and `linear_quant(x, blocks, qtype, k)` call the C++ kernels of
-`linear.cpp` (a GEMV at batch 1, a skinny GEMM up to a few rows: each weight row is read from
-memory once per call); `dequant(blocks, qtype, k)` expands GGUF blocks to fp32 for a torch GEMM
-(prefill). Each has a torch reference (`*_ref`) with the same math. All return None when the
-kernel library is unavailable (`build.load()`), so callers fall back to the references.
+`linear.cpp` (a GEMV at batch 1, a tiled GEMM for more rows: at decode each weight row is read
+from memory once per call); `dequant(blocks, qtype, k)` expands GGUF blocks to fp32 for a torch
+GEMM (the K-quants' prefill). Each has a torch reference (`*_ref`) with the same math. All return
+None when the kernel library is unavailable (`build.load()`), so callers fall back to the
+references.
+
+Batch invariance: a row of `linear_dense` / `linear_quant` (types of `Q8_BLOCK_TYPES`, and the
+K-quants up to any M) is bitwise the same whatever the other rows of x are or how many there are
+(`gemv.h`). The 32-value block types run on x quantised to int8 per 32 values, as llama.cpp does
+(`q8dot.h`; `q8_activations_ref` is that rounding in torch).
 
 GGUF blocks arrive as a uint8 tensor `[N, row_bytes(qtype, K)]`: one row of blocks per output
 row (as read from the file), ggml type ids `Q8_0 = 8`, `Q4_0 = 2`, `Q4_1 = 3`, `Q5_0 = 6`,
@@ -25,6 +31,8 @@ BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q5_0: 22, Q5_1: 24, Q8_0: 34, **kquants.BLOCK
 BLOCK_ELEMS = {Q4_0: 32, Q4_1: 32, Q5_0: 32, Q5_1: 32, Q8_0: 32, Q4_K: 256, Q5_K: 256, Q6_K: 256}
 QTYPE_NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q8_0: "Q8_0"}
 QTYPE_NAMES.update({Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"})
+Q8_BLOCK_TYPES = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)  # computed on Q8 activations (q8dot.h), any M
+MAX_K = 32 * 4096  # q8dot.h's Q8_MAX_BLOCKS
 _WTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _threads = 0
 
@@ -82,7 +90,7 @@ def linear_dense_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def linear_quant(x: torch.Tensor, blocks: torch.Tensor, qtype: int, k: int) -> torch.Tensor | None:
     """fp32 `[M, N]` = x `[M, k]` @ dequant(blocks)^T; blocks `[N, row_bytes(qtype, k)]`."""
     lib = _lib()
-    if lib is None:
+    if lib is None or k > MAX_K:
         return None
     x2 = _as_x(x)
     y = torch.empty(x2.shape[0], blocks.shape[0], dtype=torch.float32)
@@ -127,5 +135,17 @@ def dequant_ref(blocks: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
     return (q.float() * d + m).view(n, k)
 
 
+def q8_activations_ref(x: torch.Tensor) -> torch.Tensor:
+    """x `[M, K]` fp32 as the 32-value block kernels see it: per 32 values, amax = max |x|,
+    round-half-even(x * (127 / amax)) * (amax / 127)."""
+    xb = x.reshape(x.shape[0], -1, 32)
+    amax = xb.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax != 0, 127.0 / amax, torch.zeros_like(amax))
+    return (torch.round(xb * inv) * (amax / 127.0)).view(x.shape)
+
+
 def linear_quant_ref(x: torch.Tensor, blocks: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
-    return _as_x(x) @ dequant_ref(blocks, qtype, k).t()
+    x2 = _as_x(x)
+    if qtype in Q8_BLOCK_TYPES:
+        x2 = q8_activations_ref(x2)
+    return x2 @ dequant_ref(blocks, qtype, k).t()

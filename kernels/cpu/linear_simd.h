@@ -56,6 +56,14 @@ static inline vf vload_i8(const int8_t* p) {
 static inline void vstore(float* p, vf a) { _mm256_storeu_ps(p, a); }
 #endif
 
+// The sum of 8 fp32 lanes: (l0 + l4) + (l2 + l6) + ((l1 + l5) + (l3 + l7)), the same in every build.
+static inline float hsum8(__m256 a) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
 static inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
 static inline float bf16_to_float(uint16_t h) {
   uint32_t u = (uint32_t)h << 16;

@@ -5,14 +5,19 @@ linear layer gets a `CpuLinear` in its `cpu_impl` attribute, which its `forward`
 `F.linear`; the model code knows nothing else about CPU kernels. A `CpuLinear` holds the weight
 in one of two forms:
 
-- dense (fp32, fp16, bf16: the model dtype): decode-sized inputs (<= `SMALL_M` rows) run the
-  C++ GEMV / skinny GEMM (`kernels/cpu/linear.py`), larger ones (prefill) torch's GEMM;
-- GGUF blocks (`quantization="gguf"`, Q8_0 / Q4_0 / Q4_1 and the K-quants Q4_K / Q5_K / Q6_K,
-  as stored in the file): the weight stays quantised in memory; decode-sized inputs run the block
-  kernel on it directly, larger inputs de-quantise the layer once per call into an fp32 scratch
-  matrix and run torch's GEMM on that (prefill is compute-bound: one expansion per layer is cheap
-  next to the GEMM). A fused layer whose parts differ in type (a Q4_K_M file's q/k in Q4_K and
-  v in Q6_K) is a `StackedCpuLinear`: one block `CpuLinear` per run of same-typed parts.
+- dense (fp32, fp16, bf16: the model dtype): every input, decode row or prefill chunk, runs the
+  C++ GEMV / GEMM (`kernels/cpu/linear.py`);
+- GGUF blocks (`quantization="gguf"`, Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 and the K-quants Q4_K /
+  Q5_K / Q6_K, as stored in the file): the weight stays quantised in memory. The 32-value block
+  types run their block kernel (on Q8 activations) for every input; K-quant layers run it for
+  decode-sized inputs (<= `SMALL_M` rows) and de-quantise the layer once per call for larger ones
+  (torch's GEMM on an fp32 scratch matrix). A fused layer whose parts differ in type (a Q4_K_M
+  file's q/k in Q4_K and v in Q6_K) is a `StackedCpuLinear`: one block `CpuLinear` per run of
+  same-typed parts.
+
+# NOTE: batch invariance (speculative decoding's exactness: a verify step computes k + 1 rows per
+# request where plain decode computes one): wherever the C++ kernels take every input size, a row's
+# output is bitwise the same alone, in a decode batch or in a prefill chunk (kernels/cpu/gemv.h).
 
 Where the kernel library is unavailable (`kernels.cpu.build.load()` logs why, once), a layer keeps
 torch's path (a quantised layer: de-quantised once at attach time, so it still runs).
@@ -36,7 +41,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-SMALL_M = 16  # rows up to which the C++ kernels beat torch's GEMM (decode batches)
+SMALL_M = 16  # rows up to which K-quant layers run their block kernel (decode batches)
 
 
 class CpuLinear:
@@ -70,7 +75,7 @@ class CpuLinear:
         lead, m = x.shape[:-1], x.numel() // max(x.shape[-1], 1)
         y = None
         if self.blocks is not None:
-            if self.fast and m <= SMALL_M:
+            if self.fast and (m <= SMALL_M or self.qtype in cl.Q8_BLOCK_TYPES):
                 y = cl.linear_quant(x, self.blocks, self.qtype, self.k)
             if y is None:
                 w = cl.dequant(self.blocks, self.qtype, self.k) if self.fast else None
@@ -79,7 +84,7 @@ class CpuLinear:
                 y = F.linear(x.reshape(-1, x.shape[-1]).float(), w)
         else:
             assert self.weight is not None
-            if self.fast and m <= SMALL_M and m > 0:
+            if self.fast and m > 0:
                 y = cl.linear_dense(x, self.weight)
             if y is None:
                 return F.linear(x, self.weight, self.bias)

@@ -112,5 +112,11 @@ class Linear(nn.Module):
             from radixlm.kernels.activation import silu_and_mul
 
             return silu_and_mul(y)
+        if self.cpu_impl is not None:  # NOTE: the one-call decode step's numbers (activation.h)
+            from radixlm.kernels.cpu.activation import silu_mul
+
+            out = silu_mul(y)
+            if out is not None:
+                return out
         gate, up = y.chunk(2, dim=-1)
         return F.silu(gate) * up

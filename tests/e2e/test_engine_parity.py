@@ -1,5 +1,7 @@
 """Greedy decoding of the real engine equals transformers token for token, whatever the cache,
-chunking and memory pressure; logprobs agree to 1e-3."""
+chunking and memory pressure; logprobs agree to 1e-3. The engine runs the fp32 path (the default
+CPU mode's Q4_1 blocks on Q8 activations are held to the quality gate instead:
+tests/runtime/test_quality_gate.py)."""
 
 from __future__ import annotations
 
@@ -11,11 +13,13 @@ MAX_NEW = 24
 
 # NOTE: the overlapped decode schedule is CUDA-only by default; two configurations run its logic
 # on CPU (`overlap_schedule_on_cpu`), the other two the plain loop.
+FP32 = {"dtype": "float32"}  # = the `fp32_engine` fixture's engine
 CONFIGS = {
-    "radix": {},
-    "no_radix": {"disable_radix_cache": True},
-    "tiny_chunks": {"chunked_prefill_size": 16, "overlap_schedule_on_cpu": True},
+    "radix": FP32,
+    "no_radix": {**FP32, "disable_radix_cache": True},
+    "tiny_chunks": {**FP32, "chunked_prefill_size": 16, "overlap_schedule_on_cpu": True},
     "retraction": {
+        **FP32,
         "max_total_tokens": 256,
         "max_running_requests": 8,
         "overlap_schedule_on_cpu": True,
@@ -34,7 +38,7 @@ def test_greedy_parity_batched(name, reference):
     try:
         _check_parity(name, engine, reference)
     finally:
-        if CONFIGS[name]:  # not the session's default engine
+        if CONFIGS[name] != FP32:  # not the session's `fp32_engine`
             release_engine(**CONFIGS[name])
 
 
@@ -57,10 +61,10 @@ def _check_parity(name: str, engine, reference: list[list[int]]) -> None:
         assert engine.get_server_info()["retracted"] > 0
 
 
-def test_logprobs_match_transformers(engine, hf_reference):
+def test_logprobs_match_transformers(fp32_engine, hf_reference):
     prompt = PARITY_PROMPTS[3]
     ids = hf_reference.tokenizer.encode(prompt)
-    out = engine.generate(
+    out = fp32_engine.generate(
         prompt,
         {"max_new_tokens": 8, "temperature": 0},
         return_logprob=True,
@@ -86,12 +90,12 @@ def test_logprobs_match_transformers(engine, hf_reference):
     assert meta["input_top_logprobs"][0] is None and len(meta["input_top_logprobs"]) == len(ids)
 
 
-def test_input_logprobs_from_start_len_with_cached_prefix(engine, hf_reference):
+def test_input_logprobs_from_start_len_with_cached_prefix(fp32_engine, hf_reference):
     prompt = PARITY_PROMPTS[5]
     ids = hf_reference.tokenizer.encode(prompt)
-    engine.generate(prompt, {"max_new_tokens": 1})  # the whole prompt is now cached
+    fp32_engine.generate(prompt, {"max_new_tokens": 1})  # the whole prompt is now cached
     start = len(ids) // 2
-    out = engine.generate(
+    out = fp32_engine.generate(
         prompt,
         {"max_new_tokens": 1, "temperature": 0},
         return_logprob=True,

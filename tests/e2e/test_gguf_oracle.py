@@ -35,11 +35,11 @@ def hf_gguf():
 
 @pytest.mark.slow
 @torch.no_grad()
-def test_engine_agrees_with_transformers_own_gguf_loader(engine, hf_gguf) -> None:
+def test_engine_agrees_with_transformers_own_gguf_loader(fp32_engine, hf_gguf) -> None:
     model, tokenizer = hf_gguf
     for prompt in (PARITY_PROMPTS[3], PARITY_PROMPTS[4]):
         ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        out = engine.generate(
+        out = fp32_engine.generate(
             prompt,
             {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True},
             return_logprob=True,

@@ -124,7 +124,7 @@ def test_gguf_blocks_mixed_parts() -> None:
 
 @needs_lib
 def test_batch_of_nine_requests() -> None:
-    """8 + 1 requests: the batched block path (each block expanded once for 8 rows) and the
+    """8 + 1 requests: the batched block path (each block unpacked once for a tile of rows) and the
     single-row one in the same step."""
     forms = [cl.Q4_1, cl.Q5_1, cl.Q8_0, cl.Q4_0, cl.Q5_0, cl.Q4_1, torch.float16]
     _check(_model(64, 96, forms, torch.float32, bias=False), [3, 1, 9, 17, 2, 25, 4, 6, 11])
@@ -143,3 +143,22 @@ def test_avx2_library() -> None:
     assert lib.rl_simd_width() == 8
     forms = [cl.Q4_1, cl.Q5_1, cl.Q8_0, torch.bfloat16, cl.Q5_0, cl.Q4_0, torch.float32]
     _check(_model(64, 96, forms, torch.float16, bias=True), [1, 6, 20], lib=lib)
+
+
+@needs_lib
+@pytest.mark.parametrize("forms", [[cl.Q4_1] * 7, [torch.float32] * 7, [torch.bfloat16] * 7])
+def test_step_rows_alone_equal_the_batch(forms: list) -> None:
+    """Batch invariance of the whole step: each request decoded alone gives bitwise the output
+    (and the K/V) it gets in a batch of nine (Q4_1 blocks, fp32, bf16 weights)."""
+    model = _model(64, 96, forms, torch.float32, bias=False)
+    lens = [3, 1, 9, 17, 2, 25, 4, 6, 11]
+    ids, pos, loc, rows, lens_t = _batch(model, lens)
+    step = dk.DecodeStep(model)
+    batch = step.step(ids, pos, loc, rows, lens_t)
+    pools = [(lay.k_pool.clone(), lay.v_pool.clone()) for lay in model.layers]
+    for b in range(len(lens)):
+        one = step.step(ids[b : b + 1], pos[b : b + 1], loc[b : b + 1], rows[b : b + 1],
+                        lens_t[b : b + 1])  # fmt: skip
+        assert torch.equal(one[0], batch[b]), f"request {b}"
+    for lay, (k, v) in zip(model.layers, pools):
+        assert torch.equal(lay.k_pool, k) and torch.equal(lay.v_pool, v)

@@ -57,8 +57,22 @@ def test_quant_matches_gguf_dequantize(qtype: int, m: int, n: int, k: int) -> No
     x = torch.randn(m, k)
     y = cl.linear_quant(x, blocks, qtype, k)
     assert y is not None
-    torch.testing.assert_close(y, x @ want_w.t(), rtol=1e-4, atol=2e-3)
-    torch.testing.assert_close(cl.linear_quant_ref(x, blocks, qtype, k), x @ want_w.t())
+    xq = cl.q8_activations_ref(x)  # the 32-value block types read x quantised to int8 per 32
+    torch.testing.assert_close(y, xq @ want_w.t(), rtol=1e-4, atol=2e-3)
+    torch.testing.assert_close(cl.linear_quant_ref(x, blocks, qtype, k), xq @ want_w.t())
+    # and that rounding costs what llama.cpp's Q8 activations cost: ~1 % of the output's scale
+    err = (y - x @ want_w.t()).pow(2).mean().sqrt() / (x @ want_w.t()).pow(2).mean().sqrt()
+    assert 0 < err < 0.02
+
+
+def test_q8_activations_ref_rounding() -> None:
+    """Per 32 values: the largest magnitude maps to +-127 exactly, ties round to even, a block
+    of zeros stays zero."""
+    x = torch.zeros(1, 64)
+    x[0, :4] = torch.tensor([127.0, 0.5, 1.5, -2.5])  # amax 127: scale 1, the ties as given
+    got = cl.q8_activations_ref(x)
+    assert got[0, :4].tolist() == [127.0, 0.0, 2.0, -2.0]
+    assert torch.equal(got[0, 32:], torch.zeros(32))
 
 
 @needs_lib
@@ -107,7 +121,8 @@ def test_avx2_library_block_kernels() -> None:
         )
         assert lib.rl_dequant(blocks.data_ptr(), qtype, n, k, w.data_ptr()) == 0
         torch.testing.assert_close(w, want_w, msg=name)
-        torch.testing.assert_close(y, x @ want_w.t(), rtol=1e-4, atol=2e-3, msg=name)
+        xq = x if qtype in KQTYPES else cl.q8_activations_ref(x)
+        torch.testing.assert_close(y, xq @ want_w.t(), rtol=1e-4, atol=2e-3, msg=name)
 
 
 def test_without_compiler_falls_back_with_one_log_line(tmp_path) -> None:
@@ -186,3 +201,16 @@ def test_rmsnorm_matches_reference(with_residual: bool, rows: int) -> None:
         assert torch.equal(got[1], want[1])  # the residual sum is exact
     else:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@needs_lib
+@pytest.mark.parametrize("shape", [(1, 2 * 1536), (40, 2 * 100)])  # 100: a tail of 4 lanes
+def test_silu_mul_matches_torch(shape: tuple[int, int]) -> None:
+    from radixlm.kernels.cpu.activation import silu_mul
+
+    y = torch.randn(*shape) * 8
+    y[0, :3] = torch.tensor([-200.0, 200.0, 0.0])  # exp's clamps, and zero
+    gate, up = y.chunk(2, dim=-1)
+    got = silu_mul(y)
+    assert got is not None
+    torch.testing.assert_close(got, torch.nn.functional.silu(gate) * up, rtol=2e-6, atol=1e-30)

@@ -1,6 +1,7 @@
 """GGUF block-quantised execution on CPU (`quantization="gguf"`): tiny Llama files written by the
 `gguf` package, one per quant type (K-quants: hand-built random super-blocks), run with their
-weights kept in blocks and give the logits and greedy tokens of the same file de-quantised to fp32.
+weights kept in blocks and give the logits (K-quants: and greedy tokens) of the same file
+de-quantised to fp32; the 32-value block types run on Q8 activations, within 2 % of those logits.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from kquant_blocks import random_kquant_blocks
 
 from radixlm.bench.cpu_profile import decode_steps
 from radixlm.kernels.cpu import build
+from radixlm.kernels.cpu import linear as cl
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.models.loader import resolve_model
 from radixlm.runtime.server_args import ServerArgs
@@ -90,10 +92,15 @@ def test_blocks_stay_quantised_and_match_fp32(tmp_path, qtype: str) -> None:
     qkv = quant.model.layers[0].self_attn.qkv_proj
     assert qkv.weight.numel() == 0 and qkv.cpu_impl.blocks.dtype == torch.uint8
     assert quant.cpu.head is not None and quant.cpu.head.mode == qtype
-    # Prefill (20 rows: the de-quantise + GEMM path) and decode (the block kernels).
     want, got = runner_logits(dense, IDS), runner_logits(quant, IDS)
-    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
-    assert decode_steps(quant, IDS, 8)[0] == decode_steps(dense, IDS, 8)[0]
+    if quant.cpu.head.qtype in cl.Q8_BLOCK_TYPES:
+        # NOTE: these run on Q8-quantised activations (kernels/cpu/q8dot.h), as llama.cpp does:
+        # close to the fp32 path's logits, not equal (the quality gate bounds the default model)
+        err = float((got - want).norm() / want.norm())
+        assert 0 < err < 0.02, err
+    else:  # K-quants: fp32 activations, equal up to float rounding, the same greedy tokens
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+        assert decode_steps(quant, IDS, 8)[0] == decode_steps(dense, IDS, 8)[0]
 
 
 def test_mixed_k_quant_file(tmp_path) -> None:

@@ -1,5 +1,5 @@
 """SGLang's native API on the real server: every endpoint, parity of `/generate` with
-`Engine.generate` and transformers, SSE framing, abort and disconnect freeing the KV, metrics."""
+`Engine.generate`, SSE framing, abort and disconnect freeing the KV, metrics."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from server_process import sse_events
-from tests_helpers import PARITY_PROMPTS, hf_greedy_outputs, pid_alive, wait_until
+from tests_helpers import PARITY_PROMPTS, pid_alive, wait_until
 
 MAX_NEW = 12
 GREEDY = {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True}
@@ -40,16 +40,18 @@ def test_health_endpoints(server):
     assert server.client.get("/health_generate").status_code == 200
 
 
-def test_generate_parity_with_engine_and_transformers(server, engine, hf_reference):
+def test_generate_parity_with_engine(server, engine):
+    """The server's `/generate` gives the engine's tokens (the same default CPU mode; its outputs
+    do not depend on batching or caching: the CPU kernels are batch-invariant). Parity with
+    transformers is the fp32 path's (tests/e2e/test_engine_parity.py)."""
     prompts = [PARITY_PROMPTS[0], PARITY_PROMPTS[4]]  # plain text; chat-templated
     resp = server.client.post("/generate", json={"text": prompts, "sampling_params": GREEDY})
     assert resp.status_code == 200, resp.text
     outs = resp.json()
     assert isinstance(outs, list) and len(outs) == len(prompts)
     engine_outs = engine.generate(prompts, GREEDY)
-    reference = hf_greedy_outputs(hf_reference, prompts, MAX_NEW)
-    for out, eng, ref in zip(outs, engine_outs, reference, strict=True):
-        assert out["output_ids"] == eng["output_ids"] == ref
+    for out, eng in zip(outs, engine_outs, strict=True):
+        assert out["output_ids"] == eng["output_ids"]
         assert out["text"] == eng["text"]
         meta = out["meta_info"]
         assert meta["finish_reason"] == {"type": "length", "length": MAX_NEW}
@@ -58,7 +60,7 @@ def test_generate_parity_with_engine_and_transformers(server, engine, hf_referen
     single = server.client.post(
         "/generate", json={"text": prompts[0], "sampling_params": GREEDY}
     ).json()
-    assert isinstance(single, dict) and single["output_ids"] == reference[0]
+    assert isinstance(single, dict) and single["output_ids"] == outs[0]["output_ids"]
     assert single["meta_info"]["cached_tokens"] > 0  # the batch left the prompt in the cache
 
 
