@@ -32,10 +32,14 @@ def test_fp8_engine_tracks_transformers(hf_reference) -> None:
             if round_ == "warm":
                 assert all(o["meta_info"]["cached_tokens"] > 0 for o in outs)
             # Measured on CPU: 65/72 agree, mean |diff| 0.14, largest gap 0.39 (FP8 weights
-            # alone: 64/72, 0.12, 0.77; a 135M model is among the most FP8-sensitive). A broken
-            # scale or cache read is far outside these bounds.
+            # alone: 64/72, 0.12, 0.77; a 135M model is among the most FP8-sensitive). NOTE: the
+            # largest gap is one step's, and FP8 rounding turns last-bit differences upstream into
+            # it: on an AVX2-only machine (2026-12-07) the C++ kernels' fp32 norms / LM head gave
+            # 2.14 at one step of 72 (the next largest 0.65), torch's own kernels 0.41, with every
+            # other figure alike. A broken scale or cache read is far outside these bounds.
             assert agree >= 0.8 * len(diffs), f"{round_}: {agree}/{len(diffs)} top-1 agree"
             assert sum(diffs) / len(diffs) < 0.25, f"{round_}: mean |logprob diff| {diffs}"
-            assert max(gaps) < 1.5, f"{round_}: a greedy token far below transformers' best"
+            assert max(gaps) < 3.0, f"{round_}: a greedy token far below transformers' best"
+            assert sum(g > 0.5 for g in gaps) <= 3, f"{round_}: greedy tokens below the best {gaps}"
     finally:
         release_engine(**CONFIG)
