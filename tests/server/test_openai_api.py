@@ -212,7 +212,7 @@ def test_errors_in_openai_shape(client, server):
 
 def test_response_format_json_object(client):
     out = client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "Describe a cat as JSON."}],
+        model="m", messages=[{"role": "user", "content": "Describe a cat as a short JSON object."}],
         max_tokens=96, response_format={"type": "json_object"}, temperature=0.8, seed=7, n=8,
     )  # fmt: skip
     assert len(out.choices) == 8
@@ -221,8 +221,9 @@ def test_response_format_json_object(client):
         if choice.finish_reason == "stop":  # else cut by max_tokens: a prefix of a JSON object
             assert isinstance(json.loads(choice.message.content), dict)
     # the check above ran: at least half of the answers ended inside the token budget.
-    # NOTE: a json_object is any JSON object; on the default llguidance backend (any nesting;
-    # outlines' regex caps it) 3 of these 8 samples loop inside a string until max_tokens.
+    # NOTE: a json_object is any JSON object (on the default llguidance backend any nesting;
+    # outlines' regex caps it): asked for "JSON" alone, 6 of 8 samples of the 135M model loop
+    # inside a string until max_tokens; asked for a short object, 5-6 of 8 stop (seeds 7 and 1).
     stopped = [c for c in out.choices if c.finish_reason == "stop"]
     assert len(stopped) >= 4, [(c.finish_reason, c.message.content) for c in out.choices]
 
