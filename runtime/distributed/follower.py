@@ -97,31 +97,7 @@ class Follower:
     ) -> ForwardBatch:
         b = len(prefix_lens)
         t = (body.numel() - b) // 2
-        positions = [
-            p for start, n in zip(prefix_lens, extend_lens) for p in range(start, start + n)
-        ]
-        seq_lens = [p + n for p, n in zip(prefix_lens, extend_lens)]
-        starts = [0]
-        for n in extend_lens[:-1]:
-            starts.append(starts[-1] + n)
-
-        def tensor(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int64, device=self.device)
-
-        return ForwardBatch(
-            mode=ForwardMode.EXTEND,
-            batch_size=b,
-            input_ids=body[b : b + t],
-            positions=tensor(positions),
-            out_cache_loc=body[b + t :],
-            req_pool_indices=body[:b],
-            seq_lens=tensor(seq_lens),
-            seq_lens_cpu=seq_lens,
-            extend_prefix_lens_cpu=prefix_lens,
-            extend_seq_lens_cpu=extend_lens,
-            extend_prefix_lens=tensor(prefix_lens),
-            extend_seq_lens=tensor(extend_lens),
-            extend_start_loc=tensor(starts),
-            logits_indices=tensor(logits_rows) if has_logits_rows else None,
-            logits_indices_cpu=logits_rows if has_logits_rows else None,
-        )
+        return ForwardBatch.extend(
+            body[b : b + t], body[b + t :], body[:b], prefix_lens, extend_lens,
+            logits_rows if has_logits_rows else None,
+        )  # fmt: skip

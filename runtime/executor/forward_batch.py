@@ -50,6 +50,48 @@ class ForwardBatch:
     # Filled by the attention backend in `init_forward_metadata` (backend-specific).
     attn_metadata: Any = None
 
+    @classmethod
+    def extend(
+        cls,
+        input_ids: torch.Tensor,
+        out_cache_loc: torch.Tensor,
+        req_pool_indices: torch.Tensor,
+        prefix_lens: list[int],
+        extend_lens: list[int],
+        logits_rows: list[int] | None,
+        positions: torch.Tensor | None = None,
+        spec_features: torch.Tensor | None = None,
+    ) -> ForwardBatch:
+        """An EXTEND batch: request b adds `extend_lens[b]` tokens after the `prefix_lens[b]` it
+        holds; `positions` default to `prefix_lens[b] + j` (the rotary positions of the new
+        tokens); `logits_rows` None computes logits of every row."""
+        device = input_ids.device
+
+        def t(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=device)
+
+        seq_lens = [p + n for p, n in zip(prefix_lens, extend_lens, strict=True)]
+        if positions is None:
+            positions = t([p + j for p, n in zip(prefix_lens, extend_lens) for j in range(n)])
+        return cls(
+            mode=ForwardMode.EXTEND,
+            batch_size=len(prefix_lens),
+            input_ids=input_ids,
+            positions=positions,
+            out_cache_loc=out_cache_loc,
+            req_pool_indices=req_pool_indices,
+            seq_lens=t(seq_lens),
+            seq_lens_cpu=seq_lens,
+            extend_prefix_lens_cpu=prefix_lens,
+            extend_seq_lens_cpu=extend_lens,
+            extend_prefix_lens=t(prefix_lens),
+            extend_seq_lens=t(extend_lens),
+            extend_start_loc=t(list(itertools.accumulate(extend_lens, initial=0))[:-1]),
+            logits_indices=None if logits_rows is None else t(logits_rows),
+            logits_indices_cpu=logits_rows,
+            spec_features=spec_features,
+        )
+
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])

@@ -64,8 +64,8 @@ def prepare_extend(
     reqs = batch.reqs
     table = cache.req_to_token
     ids: list[int] = []
-    positions: list[int] = []
-    prefix_lens, extend_lens, seq_lens, starts = [], [], [], []
+    prefix_lens: list[int] = []
+    extend_lens: list[int] = []
     logits_rows: list[int] = []
     total = sum(r.extend_len for r in reqs)
     slots = alloc_slots(total, allocator, cache)
@@ -75,11 +75,8 @@ def prepare_extend(
         start, n = r.computed, r.extend_len
         table.write(r.req_pool_idx, start, slots[offset : offset + n])
         ids.extend(r.fill_ids[start : start + n])
-        positions.extend(range(start, start + n))
         prefix_lens.append(start)
         extend_lens.append(n)
-        seq_lens.append(start + n)
-        starts.append(offset)
         if not r.input_logprobs_done:
             # Row at position p gives the logprob of input token p + 1.
             first = max(start, r.logprob_start_len - 1, 0)
@@ -93,27 +90,9 @@ def prepare_extend(
         else:
             batch.sample_rows.append(-1)
         offset += n
-
-    def t(values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int64, device=device)
-
-    return ForwardBatch(
-        mode=ForwardMode.EXTEND,
-        batch_size=len(reqs),
-        input_ids=t(ids),
-        positions=t(positions),
-        out_cache_loc=slots,
-        req_pool_indices=t([r.req_pool_idx for r in reqs]),
-        seq_lens=t(seq_lens),
-        seq_lens_cpu=seq_lens,
-        extend_prefix_lens_cpu=prefix_lens,
-        extend_seq_lens_cpu=extend_lens,
-        extend_prefix_lens=t(prefix_lens),
-        extend_seq_lens=t(extend_lens),
-        extend_start_loc=t(starts),
-        logits_indices=t(logits_rows),
-        logits_indices_cpu=logits_rows,
-    )
+    rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64, device=device)
+    input_ids = torch.tensor(ids, dtype=torch.int64, device=device)
+    return ForwardBatch.extend(input_ids, slots, rows, prefix_lens, extend_lens, logits_rows)
 
 
 def prepare_decode(

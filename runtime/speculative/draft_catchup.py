@@ -9,6 +9,8 @@ one-call CPU decode, the draft's CUDA graphs); an EAGLE head's rows carry target
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
@@ -42,25 +44,9 @@ def catchup_batch(work: list[CatchupRows], device: torch.device, decode: bool) -
         positions = t([w.first for w in work])
         return ForwardBatch(ForwardMode.DECODE, len(work), t([w.tokens[0] for w in work]),
                             positions, loc, rows, t(seq), seq)  # fmt: skip
-    starts = [0]
-    for n in lens[:-1]:
-        starts.append(starts[-1] + n)
-    last = [s + n - 1 for s, n in zip(starts, lens)]
-    return ForwardBatch(
-        mode=ForwardMode.EXTEND,
-        batch_size=len(work),
-        input_ids=t([tok for w in work for tok in w.tokens]),
+    last = [end - 1 for end in itertools.accumulate(lens)]
+    return ForwardBatch.extend(
+        t([tok for w in work for tok in w.tokens]), loc, rows, prefix, lens, last,
         positions=t([w.first + j for w, n in zip(work, lens) for j in range(n)]),
-        out_cache_loc=loc,
-        req_pool_indices=rows,
-        seq_lens=t(seq),
-        seq_lens_cpu=seq,
-        extend_prefix_lens_cpu=prefix,
-        extend_seq_lens_cpu=lens,
-        extend_prefix_lens=t(prefix),
-        extend_seq_lens=t(lens),
-        extend_start_loc=t(starts),
-        logits_indices=t(last),
-        logits_indices_cpu=last,
         spec_features=None if work[0].feats is None else torch.cat([w.feats for w in work]),
-    )
+    )  # fmt: skip
