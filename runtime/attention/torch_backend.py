@@ -59,6 +59,9 @@ class _VerifyMeta:
     mask: torch.Tensor  # [B, 1, N, Lmax + N] bool, True = attend
     seen: torch.Tensor  # [B, 1, N, 1] bool: the row attends to some key (else its output is 0)
     windowed: dict[int, _VerifyMeta] = field(default_factory=dict)
+    # CPU, no window: per node, the slots a decode step reads once its path is committed
+    node_table: torch.Tensor | None = None  # [B * N, Lmax + N] int32
+    node_lens: torch.Tensor | None = None  # [B * N] int64
 
 
 def attend(
@@ -105,6 +108,8 @@ class TorchAttnBackend(AttentionBackend):
         if batch.tree_mask is not None:
             meta = self._verify_meta(batch, None)
             meta.windowed = {w: self._verify_meta(batch, w) for w in windows}
+            if self.cpu_decode:
+                meta.node_table, meta.node_lens = self._verify_node_rows(batch)
             batch.attn_metadata = meta
             return
         if batch.is_decode and self.cpu_decode and self.layers_plain():
@@ -159,6 +164,26 @@ class TorchAttnBackend(AttentionBackend):
             see &= k_pos[:, None, :] > q_pos[:, :, None] - window
         see = see[:, None]
         return _VerifyMeta(slots.view(-1), see, see.any(-1, keepdim=True))
+
+    def _verify_node_rows(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per tree node, the K/V slots a decode step would read once the node's path is
+        committed: the request's prefix, then the path's nodes root first (parents precede
+        children, so node-index order is path order). A padding node sees the prefix only."""
+        assert batch.tree_mask is not None
+        bsz, nodes = batch.tree_mask.shape[:2]
+        see = unpack_tree_mask(batch.tree_mask, nodes)  # [B, N, N]
+        draft_loc = batch.out_cache_loc.view(bsz, nodes).to(torch.int32)
+        prefixes = batch.extend_prefix_lens_cpu
+        table = torch.zeros(bsz * nodes, max(prefixes) + nodes, dtype=torch.int32)
+        lens = torch.empty(bsz * nodes, dtype=torch.int64)
+        for i, (row, prefix) in enumerate(zip(batch.req_pool_indices.tolist(), prefixes)):
+            for j in range(nodes):
+                path = draft_loc[i][see[i, j]]
+                r = i * nodes + j
+                table[r, :prefix] = self.req_to_token[row, :prefix]
+                table[r, prefix : prefix + path.numel()] = path
+                lens[r] = prefix + path.numel()
+        return table, lens
 
     def _extend_meta(self, batch: ForwardBatch, window: int | None) -> _ExtendMeta:
         table = self.req_to_token
@@ -260,6 +285,19 @@ class TorchAttnBackend(AttentionBackend):
     def forward_verify(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
         spec = self.layer(layer)
         meta: _VerifyMeta = batch.attn_metadata
+        if meta.node_table is not None and spec.window is None and spec.softcap is None:
+            # NOTE: each node as a decode query over its committed path: bitwise the attention a
+            # decode step computes for that token (the C++ kernel's output depends only on the
+            # query's slots), so speculation on and off agree on CPU.
+            from radixlm.kernels.cpu.attention import decode_attention
+
+            rows = torch.arange(meta.node_lens.numel())
+            o = decode_attention(
+                q.reshape(-1, self.num_heads, self.head_dim), self.kv_pool.k[layer],
+                self.kv_pool.v[layer], meta.node_table, rows, meta.node_lens, spec.scale,
+            )  # fmt: skip
+            assert o is not None  # NOTE: `supports` held at start-up
+            return o.to(q.dtype)
         if spec.window is not None:
             meta = meta.windowed[spec.window]
         bsz, _, nodes, length = meta.mask.shape
