@@ -235,7 +235,7 @@ class ModelRunner:
             budget = total * fraction - torch.cuda.memory_allocated(self.device)
             # NOTE: a draft model (speculative decoding) is built after this runner, inside the
             # same fraction: its weights and one draft KV token per target token
-            from radixlm.runtime.speculative.draft_setup import draft_memory
+            from radixlm.runtime.speculative.draft_memory import draft_memory
 
             draft = draft_memory(self.args, self.dtype, self.kv_dtype)
             if draft is not None:

@@ -16,15 +16,13 @@ sized with the draft in the budget (`draft_memory`): its weights and its KV per 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, NamedTuple
-
-import torch
+from typing import TYPE_CHECKING
 
 from radixlm.runtime.errors import InvalidRequestError
-from radixlm.runtime.mem.kv_pool import KVPool
 from radixlm.runtime.models.default_model import ModelNotFoundError
 from radixlm.runtime.models.loader import resolve_model
 from radixlm.runtime.models.registry import UnsupportedModelError
+from radixlm.runtime.speculative.draft_memory import DRAFT_ALGORITHMS
 from radixlm.runtime.speculative.draft_tree import DraftShape
 from radixlm.runtime.speculative.draft_worker import DraftModelProposer
 
@@ -32,7 +30,6 @@ if TYPE_CHECKING:
     from radixlm.runtime.executor.model_runner import ModelRunner
     from radixlm.runtime.server_args import ServerArgs
 
-DRAFT_ALGORITHMS = ("STANDALONE", "EAGLE", "EAGLE3")
 HEAD_ARCHITECTURES = {"EAGLE": "LlamaForCausalLMEagle", "EAGLE3": "LlamaForCausalLMEagle3"}
 DEFAULT_NUM_STEPS = 3
 
@@ -41,37 +38,6 @@ def draft_shape(args: ServerArgs) -> DraftShape:
     """The tree flags with their defaults: 3 steps, topk 1 (a chain), every chain node."""
     steps = args.speculative_num_steps or DEFAULT_NUM_STEPS
     return DraftShape.of(steps, args.speculative_eagle_topk or 1, args.speculative_num_draft_tokens)
-
-
-class DraftMemory(NamedTuple):
-    weight_bytes: int  # the draft's weights in the model dtype (estimated from its config)
-    kv_bytes_per_token: int  # its KV per token over all its layers
-
-
-def draft_memory(args: ServerArgs, dtype: torch.dtype, kv_dtype: torch.dtype) -> DraftMemory | None:
-    """What the draft of `args` will hold on the device, which the target's KV pool leaves room
-    for (ModelRunner._init_memory on GPU); None without a draft model. A head shares the target's
-    embedding (and, for EAGLE, its LM head)."""
-    algo = args.speculative_algorithm
-    if algo not in DRAFT_ALGORITHMS or not args.speculative_draft_model_path:
-        return None
-    dummy = args.load_format == "dummy" and algo == "STANDALONE"
-    cfg = resolve_model(args.speculative_draft_model_path, "dummy" if dummy else "auto").config
-    h, layers = cfg.hidden_size, cfg.num_hidden_layers
-    attn_in = 2 * h if algo == "EAGLE3" else h
-    per_layer = (
-        attn_in * (cfg.q_size + 2 * cfg.kv_size) + cfg.q_size * h + 3 * h * cfg.intermediate_size
-    )
-    params = layers * per_layer
-    if algo == "STANDALONE":
-        params += cfg.vocab_size * h * (1 if cfg.tie_word_embeddings else 2)
-    elif algo == "EAGLE":
-        params += 2 * h * h
-    else:
-        params += 3 * int(cfg.hf_config.get("target_hidden_size") or h) * h
-        params += int(cfg.hf_config.get("draft_vocab_size") or 0) * h
-    kv = KVPool.bytes_per_token(layers, cfg.num_key_value_heads, cfg.head_dim, kv_dtype)
-    return DraftMemory(params * torch.finfo(dtype).bits // 8, kv)
 
 
 def build_draft_proposer(args: ServerArgs, target: ModelRunner) -> DraftModelProposer:

@@ -29,7 +29,8 @@ from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.models.loader import resolve_model
 from radixlm.runtime.server_args import ServerArgs
-from radixlm.runtime.speculative.draft_setup import build_draft_proposer, draft_memory
+from radixlm.runtime.speculative.draft_memory import draft_memory
+from radixlm.runtime.speculative.draft_setup import build_draft_proposer
 
 PROMPTS = [[5, 17, 250, 3, 99, 42, 7], [11, 300, 8, 8, 64], [400, 2, 77, 19, 5, 23, 123, 88, 6]]
 
