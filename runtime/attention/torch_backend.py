@@ -228,15 +228,8 @@ class TorchAttnBackend(AttentionBackend):
             # NOTE: each new token as a decode query over its causal prefix (the K/V are in the
             # pool): bitwise a decode step's attention, so an extend and decode steps over the
             # same tokens agree (the C++ kernel's output depends only on the query's slots).
-            from radixlm.kernels.cpu.attention import decode_attention
-
-            k_pool, v_pool = self.kv_pool.k[layer], self.kv_pool.v[layer]
-            o = decode_attention(
-                q, k_pool, v_pool, self.req_to_token, meta.token_rows, meta.token_lens,
-                spec.scale,
-            )  # fmt: skip
-            assert o is not None  # NOTE: `supports` held at start-up
-            return o.to(q.dtype)
+            return self._cpu_attention(q, layer, self.req_to_token, meta.token_rows,
+                                       meta.token_lens)  # fmt: skip
         if spec.window is not None:
             meta = meta.windowed[spec.window]
         k_buf, v_buf = self.kv_pool.k[layer], self.kv_pool.v[layer]
@@ -254,18 +247,27 @@ class TorchAttnBackend(AttentionBackend):
             out[start : start + n] = oi[0].transpose(0, 1)
         return out
 
+    def _cpu_attention(
+        self,
+        q: torch.Tensor,
+        layer: int,
+        table: torch.Tensor,
+        rows: torch.Tensor,
+        lens: torch.Tensor,
+    ) -> torch.Tensor:
+        """The C++ decode kernel: query i over `table[rows[i], :lens[i]]`'s slots, in order."""
+        from radixlm.kernels.cpu.attention import decode_attention
+
+        k_pool, v_pool = self.kv_pool.k[layer], self.kv_pool.v[layer]
+        o = decode_attention(q, k_pool, v_pool, table, rows, lens, self.layer(layer).scale)
+        assert o is not None  # NOTE: `supports` held at start-up
+        return o.to(q.dtype)
+
     def forward_decode(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
         spec = self.layer(layer)
         if self.cpu_decode and spec.window is None and spec.softcap is None:
-            from radixlm.kernels.cpu.attention import decode_attention
-
-            k_pool, v_pool = self.kv_pool.k[layer], self.kv_pool.v[layer]
-            o = decode_attention(
-                q, k_pool, v_pool, self.req_to_token, batch.req_pool_indices, batch.seq_lens,
-                spec.scale,
-            )  # fmt: skip
-            assert o is not None  # NOTE: `supports` held at start-up
-            return o.to(q.dtype)
+            return self._cpu_attention(q, layer, self.req_to_token, batch.req_pool_indices,
+                                       batch.seq_lens)  # fmt: skip
         meta: _DecodeMeta = batch.attn_metadata
         if spec.window is not None:
             meta = meta.windowed[spec.window]
@@ -289,15 +291,9 @@ class TorchAttnBackend(AttentionBackend):
             # NOTE: each node as a decode query over its committed path: bitwise the attention a
             # decode step computes for that token (the C++ kernel's output depends only on the
             # query's slots), so speculation on and off agree on CPU.
-            from radixlm.kernels.cpu.attention import decode_attention
-
             rows = torch.arange(meta.node_lens.numel())
-            o = decode_attention(
-                q.reshape(-1, self.num_heads, self.head_dim), self.kv_pool.k[layer],
-                self.kv_pool.v[layer], meta.node_table, rows, meta.node_lens, spec.scale,
-            )  # fmt: skip
-            assert o is not None  # NOTE: `supports` held at start-up
-            return o.to(q.dtype)
+            q = q.reshape(-1, self.num_heads, self.head_dim)
+            return self._cpu_attention(q, layer, meta.node_table, rows, meta.node_lens)
         if spec.window is not None:
             meta = meta.windowed[spec.window]
         bsz, _, nodes, length = meta.mask.shape
