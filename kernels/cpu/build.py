@@ -3,9 +3,9 @@
 The sources (`linear.cpp`, `attention.cpp`, `norm.cpp`, `activation.cpp`, `decode.cpp`) compile into one shared
 library per instruction set: `avx512vnni` (AVX-512 F/BW/VL/DQ + VNNI: the int8 block dots of
 `q8dot.h` as `vpdpbusd`), `avx512` (the same without VNNI) and `avx2` (AVX2/FMA/F16C). `load()`
-takes the one `isa()` names (AVX2 unless `$RADIXLM_CPU_ISA` pins a wider one this CPU runs, by
-torch's own run-time detection: `torch.backends.cpu.get_cpu_capability()` and its CPU feature
-table), builds it on first use with
+takes the one `isa()` names (the widest this CPU runs, by torch's own run-time detection:
+`torch.backends.cpu.get_cpu_capability()` and its CPU feature table; `$RADIXLM_CPU_ISA` caps it),
+builds it on first use with
 the system C++ compiler (`$CXX`, else g++ or c++; OpenMP) into
 `$RADIXLM_CACHE_DIR` (default `~/.cache/radixlm`)/`cpu_kernels/<hash>/`, and opens it with ctypes:
 a plain C ABI, no torch headers, so a build takes seconds. Where nothing can be built or loaded
@@ -46,7 +46,7 @@ _FLAGS = {"avx2": _AVX2, "avx512": _AVX512, "avx512vnni": [*_AVX512, "-mavx512vn
 _BASE_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-fno-math-errno"]
 _BASE_FLAGS += ["-ffp-contract=off"]
 DISABLE_ENV = "RADIXLM_CPU_KERNELS"  # "0": always use torch's kernels
-ISA_ENV = "RADIXLM_CPU_ISA"  # the build to use where the CPU runs it (see `isa`)
+ISA_ENV = "RADIXLM_CPU_ISA"  # the widest build to use (see `isa`)
 
 
 def widest_isa() -> str | None:
@@ -63,20 +63,19 @@ def widest_isa() -> str | None:
 
 
 def isa() -> str | None:
-    """The build `load()` uses: `$RADIXLM_CPU_ISA` where this CPU runs it, else AVX2 (or None).
+    """The build `load()` uses: the widest this CPU runs, capped by `$RADIXLM_CPU_ISA` (or None).
 
-    NOTE: the AVX-512 builds of the int8 block dots (`q8dot.h`) and of the batch-invariant GEMV /
-    attention (2026-12-07) have been compiled but not yet run on an AVX-512 CPU, so every machine
-    takes the AVX2 build, which has; `RADIXLM_CPU_ISA=avx512vnni` (or `avx512`) picks the wider
-    one, and tests/kernels/test_cpu_batch_invariance.py then checks it bit for bit against AVX2."""
+    NOTE: every build computes the same numbers (q8dot.h, gemv.h): tests/kernels/
+    test_cpu_batch_invariance.py checks the AVX-512 builds bit for bit against AVX2 on a CPU
+    that runs them (first run on an AVX-512 VNNI machine on 2026-12-07)."""
     widest = widest_isa()
     if widest is None:
         return None
     order = list(_FLAGS)
-    pinned = os.environ.get(ISA_ENV, "avx2")
-    if pinned not in _FLAGS:
-        raise ValueError(f"{ISA_ENV}={pinned!r}: one of {', '.join(order)}")
-    return order[min(order.index(pinned), order.index(widest))]
+    cap = os.environ.get(ISA_ENV, widest)
+    if cap not in _FLAGS:
+        raise ValueError(f"{ISA_ENV}={cap!r}: one of {', '.join(order)}")
+    return order[min(order.index(cap), order.index(widest))]
 
 
 def compiler() -> str | None:

@@ -128,8 +128,8 @@ static inline __m256i q8_block_dot(const Q8Block& k, const int8_t* q8) {
 #endif
 }
 
-// sum_b mn[b] * s8[b] as 8 fp32 lanes (the tail masked in), reduced by hsum8.
-static inline float q8_mins_dot(const float* mn, const float* s8, int64_t nb) {
+// sum_b mn[b] * s8[b] as 8 fp32 lanes (the tail masked in), to be reduced by hsum8.
+static inline __m256 q8_mins_acc(const float* mn, const float* s8, int64_t nb) {
   __m256 acc = _mm256_setzero_ps();
   int64_t b = 0;
   for (; b + 8 <= nb; b += 8)
@@ -139,19 +139,34 @@ static inline float q8_mins_dot(const float* mn, const float* s8, int64_t nb) {
         _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(nb - b)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     acc = _mm256_fmadd_ps(_mm256_maskload_ps(mn + b, mask), _mm256_maskload_ps(s8 + b, mask), acc);
   }
-  return hsum8(acc);
+  return acc;
+}
+
+// Lane m of the result = hsum8(v[m]) for 8 vectors, bitwise: the same additions in the same
+// pairings (lanes i + i + 4, then + 2, then + 1), run on 8 vectors at once by transposing.
+static inline __m256 hsum8x8(const __m256* v) {
+  __m256 s[4], t[2];
+  for (int i = 0; i < 4; ++i)  // low half: v[2i]'s lanes i + (i + 4), high half: v[2i + 1]'s
+    s[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20),
+                         _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
+  for (int i = 0; i < 2; ++i)  // per half: [v0: 0+2, 1+3, v2: 0+2, 1+3] (and v1, v3 high)
+    t[i] = _mm256_add_ps(_mm256_shuffle_ps(s[2 * i], s[2 * i + 1], 0x44),
+                         _mm256_shuffle_ps(s[2 * i], s[2 * i + 1], 0xEE));
+  const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], 0x88),  // [v0 v2 v4 v6 | v1 ...]
+                                 _mm256_shuffle_ps(t[0], t[1], 0xDD));
+  return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
 static constexpr int64_t Q8_MAX_BLOCKS = 4096;  // K <= 131072 values per row
 
 // y[m * ldy] for m < MC = weight row `row` (nb blocks of type Q) against x rows m of the Q8 form
 // (q8 stride K, d8 / s8 stride nb). Every y has its own accumulators (see the header).
-// d8x16[(m * (nb / 2) + p) * 16 + l] = d8 of x row m, block 2p + l / 8 (the AVX-512 loop's
-// per-pair scale vector), for MC rows.
+// d8x16[(p * MC + m) * 16 + l] = d8 of x row m, block 2p + l / 8 (the AVX-512 loop's per-pair
+// scale vector), for MC rows: a block pair's MC vectors side by side (fixed offsets in the loop).
 static inline void q8_spread(const float* d8, int64_t nb, int MC, float* d8x16) {
   for (int64_t m = 0; m < MC; ++m)
     for (int64_t p = 0; p < nb / 2; ++p)
-      for (int l = 0; l < 16; ++l) d8x16[(m * (nb / 2) + p) * 16 + l] = d8[m * nb + 2 * p + l / 8];
+      for (int l = 0; l < 16; ++l) d8x16[(p * MC + m) * 16 + l] = d8[m * nb + 2 * p + l / 8];
 }
 
 template <int Q, int MC>
@@ -162,7 +177,7 @@ static void q8_row_multi(const uint8_t* row, const int8_t* q8, const float* d8, 
   int64_t b = 0;
 #if VW == 16
   __m512 acc[MC];
-  for (int m = 0; m < MC; ++m) acc[m] = _mm512_setzero_ps();
+  _Pragma("GCC unroll 8") for (int m = 0; m < MC; ++m) acc[m] = _mm512_setzero_ps();
   const __m512i pairs = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
   for (; b + 2 <= nb; b += 2) {
     const Q8Block k0 = q8_unpack<Q>(row + b * BB), k1 = q8_unpack<Q>(row + (b + 1) * BB);
@@ -172,7 +187,8 @@ static void q8_row_multi(const uint8_t* row, const int8_t* q8, const float* d8, 
     if (Q == Q8_0) sgn = _mm512_inserti64x4(_mm512_castsi256_si512(k0.sgn), k1.sgn, 1);
     const __m512 dw = _mm512_permutexvar_ps(
         pairs, _mm512_castps128_ps512(_mm_setr_ps(k0.d, k1.d, 0.0f, 0.0f)));
-    for (int m = 0; m < MC; ++m) {
+    const float* dxp = d8x16 + (b / 2) * MC * 16;
+    _Pragma("GCC unroll 8") for (int m = 0; m < MC; ++m) {
       const int8_t* qx = q8 + m * K + b * 32;
       __m512i s = _mm512_loadu_si512((const void*)qx);
       if (Q == Q8_0) {  // s * sign(w): negate where w < 0, zero where w == 0
@@ -184,23 +200,23 @@ static void q8_row_multi(const uint8_t* row, const int8_t* q8, const float* d8, 
 #else
       const __m512i p = _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));
 #endif
-      const __m512 dx = _mm512_loadu_ps(d8x16 + (m * (nb / 2) + b / 2) * 16);
+      const __m512 dx = _mm512_loadu_ps(dxp + m * 16);
       acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(p), dx), dw, acc[m]);
     }
   }
   __m256 ae[MC], ao[MC];
-  for (int m = 0; m < MC; ++m) {
+  _Pragma("GCC unroll 8") for (int m = 0; m < MC; ++m) {
     ae[m] = _mm512_castps512_ps256(acc[m]);
     ao[m] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[m]), 1));
   }
 #else
   __m256 ae[MC], ao[MC];
-  for (int m = 0; m < MC; ++m) ae[m] = ao[m] = _mm256_setzero_ps();
+  _Pragma("GCC unroll 8") for (int m = 0; m < MC; ++m) ae[m] = ao[m] = _mm256_setzero_ps();
   for (; b + 2 <= nb; b += 2) {
     const Q8Block k0 = q8_unpack<Q>(row + b * BB), k1 = q8_unpack<Q>(row + (b + 1) * BB);
     mn[b] = k0.mn, mn[b + 1] = k1.mn;
     const __m256 dw0 = _mm256_set1_ps(k0.d), dw1 = _mm256_set1_ps(k1.d);
-    for (int m = 0; m < MC; ++m) {
+    _Pragma("GCC unroll 8") for (int m = 0; m < MC; ++m) {
       const int8_t* qx = q8 + m * K + b * 32;
       const float* dx = d8 + m * nb + b;
       const __m256 t0 = _mm256_mul_ps(_mm256_cvtepi32_ps(q8_block_dot<Q>(k0, qx)),
@@ -215,14 +231,27 @@ static void q8_row_multi(const uint8_t* row, const int8_t* q8, const float* d8, 
   if (b < nb) {  // an odd block count: the last (even) block
     const Q8Block k0 = q8_unpack<Q>(row + b * BB);
     mn[b] = k0.mn;
-    for (int m = 0; m < MC; ++m) {
+    _Pragma("GCC unroll 8") for (int m = 0; m < MC; ++m) {
       const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(q8_block_dot<Q>(k0, q8 + m * K + b * 32)),
                                      _mm256_broadcast_ss(d8 + m * nb + b));
       ae[m] = _mm256_fmadd_ps(t, _mm256_set1_ps(k0.d), ae[m]);
     }
   }
-  for (int m = 0; m < MC; ++m) {
-    const float mins = Q == Q8_0 ? 0.0f : q8_mins_dot(mn, s8 + m * nb, nb);
-    y[m * ldy] = hsum8(_mm256_add_ps(ae[m], ao[m])) + mins;
+  if constexpr (MC % 8 == 0) {  // NOTE: the numbers of the per-row branch below, 8 rows at once
+    for (int m0 = 0; m0 < MC; m0 += 8) {
+      __m256 v[8], w[8];
+      _Pragma("GCC unroll 8") for (int i = 0; i < 8; ++i) {
+        v[i] = _mm256_add_ps(ae[m0 + i], ao[m0 + i]);
+        w[i] = Q == Q8_0 ? _mm256_setzero_ps() : q8_mins_acc(mn, s8 + (m0 + i) * nb, nb);
+      }
+      alignas(32) float out[8];
+      _mm256_store_ps(out, _mm256_add_ps(hsum8x8(v), hsum8x8(w)));
+      for (int i = 0; i < 8; ++i) y[(m0 + i) * ldy] = out[i];
+    }
+  } else {
+    _Pragma("GCC unroll 8") for (int m = 0; m < MC; ++m) {
+      const float mins = Q == Q8_0 ? 0.0f : hsum8(q8_mins_acc(mn, s8 + m * nb, nb));
+      y[m * ldy] = hsum8(_mm256_add_ps(ae[m], ao[m])) + mins;
+    }
   }
 }
