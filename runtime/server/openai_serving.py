@@ -125,7 +125,8 @@ def chat_batch(
     req: ChatCompletionRequest, state: ServerState, tools: ToolPlan | None = None
 ) -> RequestBatch:
     for name in UNSUPPORTED_CHAT_FIELDS:
-        if getattr(req, name):
+        # NOTE: "set" includes an empty value: `web_search_options: {}` asks for web search
+        if getattr(req, name) is not None:
             raise ApiError(400, f"{name} is not supported by radixlm", name)
     if req.top_logprobs is not None:
         if not req.logprobs:

@@ -13,6 +13,7 @@ which is then reported as xfail with the model's answer; any other failure fails
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import json
 import linecache
@@ -28,8 +29,9 @@ from compat import sglang_suite
 
 from server_process import ServerProcess
 
-pytest.importorskip(
-    "sglang", reason="SGLang's frontend: `./dev test` installs sglang==0.5.10.post1"
+# NOTE: a test extra: missing, it fails the tests, never skips them (issue 28.4).
+assert importlib.util.find_spec("sglang"), (
+    "SGLang's frontend: `./dev test` installs sglang==0.5.10.post1"
 )
 
 
@@ -54,7 +56,9 @@ PROGRAMS = [
     "test_image_qa",
     "test_hellaswag_select",
 ]
-SKIPPED = {
+# NOTE: what is not run is left out of the parameters, each with its reason here, never skipped at
+# run time (issue 28: no test skips on the CI machine except those marked gpu).
+NOT_RUN = {
     "test_image_qa": "image input (sgl.image): radixlm serves text-only models",
 }
 # Programs upstream runs only on its OpenAI backend: SGLang's own RuntimeEndpoint lacks what they
@@ -165,9 +169,27 @@ def _answer_line(exc: AssertionError, name: str, suite_file: str) -> str | None:
     return line if line.startswith(ANSWER_LINES.get(name, ())) else None
 
 
+FRONTENDS = ("sglang", "radixlm")
+CASES = [
+    (frontend, name)
+    for frontend in FRONTENDS
+    for name in PROGRAMS
+    if name not in NOT_RUN and not (frontend == "sglang" and name in SGLANG_OPENAI_ONLY)
+]
+
+
+def test_every_upstream_program_is_run_or_left_out_with_a_reason() -> None:
+    upstream = sglang_suite.load_test_programs()
+    names = {n for n in dir(upstream) if n.startswith("test_") and callable(getattr(upstream, n))}
+    assert names == set(PROGRAMS), names ^ set(PROGRAMS)
+    assert set(NOT_RUN) | set(SGLANG_OPENAI_ONLY) <= set(PROGRAMS)
+    for name in PROGRAMS:  # every program runs on one frontend at least
+        assert name in NOT_RUN or any(n == name for _, n in CASES), name
+    assert len(CASES) == 2 * len(PROGRAMS) - 2 * len(NOT_RUN) - len(SGLANG_OPENAI_ONLY)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", PROGRAMS)
-@pytest.mark.parametrize("frontend", ["sglang", "radixlm"])
+@pytest.mark.parametrize(("frontend", "name"), CASES, ids=[f"{f}-{n}" for f, n in CASES])
 def test_upstream_program(
     frontend: str,
     name: str,
@@ -176,8 +198,6 @@ def test_upstream_program(
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
 ) -> None:
-    if name in SKIPPED:
-        pytest.skip(SKIPPED[name])
     module, sgl, endpoint = suites[frontend]
     if name == "test_hellaswag_select":
         # NOTE: upstream downloads HellaSwag (CI has no network): its own download helper hands
@@ -187,8 +207,6 @@ def test_upstream_program(
         fixture = hellaswag_fixture(tmp_path / "hellaswag_val.jsonl")
         monkeypatch.setattr(module, "download_and_cache_file", lambda url, filename=None: fixture)
         monkeypatch.setattr(module, "time", types.SimpleNamespace(perf_counter=lambda: 0.0))
-    if frontend == "sglang" and name in SGLANG_OPENAI_ONLY:
-        pytest.skip(SGLANG_OPENAI_ONLY[name])
     if name in SEEDED:
         seed_requests(monkeypatch, frontend, SEEDED[name])
     # NOTE: the upstream suite reads the backend from the language's global config; a server

@@ -19,8 +19,9 @@ from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 from server_process import ServerProcess
 
-pytest.importorskip(
-    "sglang", reason="SGLang's frontend: `./dev test` installs sglang==0.5.10.post1"
+# NOTE: a test extra: missing, it fails the tests, never skips them (issue 28.4).
+assert importlib.util.find_spec("sglang"), (
+    "SGLang's frontend: `./dev test` installs sglang==0.5.10.post1"
 )
 
 PROMPT = "The capital of France is"

@@ -1,11 +1,11 @@
 """What docs/constrained.md lists, keyword by keyword: `$ref` to `#/definitions/...` (and to `#`:
-a cycle, refused by name),
-`prefixItems`, a one-element `allOf`, the `time` / `ipv4` / `uri` formats, draft 4's boolean
-`exclusiveMinimum` / `exclusiveMaximum` (with or without `$schema`), every keyword listed as
-rejected, `finish_reason.matched`, and `constrained_json_whitespace_pattern`. First against the
-compiled regex (documents in and out of the language, jsonschema as the oracle), then decoded on
-the default model at temperature 0.8 over 8 seeds and validated (all but `uri`, whose unbounded
-path lets a sampled answer run past any token budget: its regex is checked above)."""
+a cycle, refused by name), `prefixItems`, a one-element `allOf`, the `time` / `ipv4` / `uri`
+formats, draft 4's boolean `exclusiveMinimum` / `exclusiveMaximum` (with or without `$schema`),
+every keyword listed as rejected, `finish_reason.matched` (None, the EOS id; `length` inside the
+constraint), and `constrained_json_whitespace_pattern`. First against the compiled regex
+(documents in and out of the language, jsonschema as the oracle), then decoded on the default
+model at temperature 0.8 over 8 seeds and validated (all but `uri`, whose unbounded path lets a
+sampled answer run past any token budget: its regex is checked above)."""
 
 from __future__ import annotations
 
@@ -166,3 +166,30 @@ def test_whitespace_pattern_flag_forces_compact_json():
             assert o["text"] == json.dumps(value, separators=(",", ":")), o["text"]
     finally:
         release_engine(**kwargs)
+
+
+YES_NO = "<|im_start|>user\nIs the sky blue? Answer yes or no.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_finish_reason_matched_tells_how_a_constrained_output_ended(engine):
+    """docs/constrained.md: `matched` is None when the automaton allowed nothing more, the EOS id
+    when the model stopped in an accepting state that allows more; `max_new_tokens` inside the
+    constraint is a `length`; `min_new_tokens` cannot extend a complete output. (Greedy: each
+    case is observed, not merely allowed.)"""
+    eos = engine.get_server_info()["eos_token_ids"]
+    greedy = {"max_new_tokens": 20, "temperature": 0}
+    closed = engine.generate(YES_NO, {**greedy, "regex": r"(Yes|No)\.", "min_new_tokens": 10})
+    assert closed["text"] in ("Yes.", "No."), closed["text"]
+    assert closed["meta_info"]["finish_reason"] == {"type": "stop", "matched": None}
+    assert closed["output_ids"][-1] not in eos  # complete: no EOS was sampled
+    open_ = engine.generate(YES_NO, {**greedy, "regex": r"(Yes|No)( [a-z]{1,12})?"})
+    assert open_["text"] in ("Yes", "No"), open_["text"]
+    assert open_["output_ids"][-1] in eos  # the model chose EOS where " ..." was allowed
+    assert open_["meta_info"]["finish_reason"] == {
+        "type": "stop",
+        "matched": open_["output_ids"][-1],
+    }
+    cut = engine.generate(
+        YES_NO, {**greedy, "regex": r"(Yes|No)[a-z ,]{0,30}", "max_new_tokens": 3}
+    )
+    assert cut["meta_info"]["finish_reason"] == {"type": "length", "length": 3}, cut["meta_info"]

@@ -120,6 +120,50 @@ def test_unsupported_keywords_named_with_pointer(llg, schema, needles):
         assert needle in str(info.value), str(info.value)
 
 
+# docs/constrained.md, "What it rejects" (llguidance): each refused by name before decoding
+LLG_REJECTED = [
+    ({"not": {"type": "string"}}, "'not' at /not"),
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "oneOf"),  # branches can overlap
+    (
+        {"type": "object", "properties": {"a": {}}, "additionalProperties": True,
+         "minProperties": 2},
+        "min/maxProperties",
+    ),
+    ({"$ref": "http://example.com/schema.json"}, "http://example.com/schema.json"),
+    (
+        {"type": "object", "properties": {f"k{i}": {"type": "integer"} for i in range(20000)}},
+        "schema too large",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("schema", "needle"),
+    LLG_REJECTED,
+    ids=["not", "oneOf", "minProperties", "remote_ref", "too_large"],
+)
+def test_documented_llguidance_rejections(llg, schema, needle):
+    spec = GrammarSpec("json_schema", json.dumps(schema))
+    with pytest.raises(GrammarError) as info:
+        llg.validate(spec)
+        llg.compile(spec)
+    assert needle in str(info.value), str(info.value)
+
+
+def test_min_max_properties_of_a_closed_object_are_enforced(llg):
+    """Where the object is closed (radixlm adds `additionalProperties: false` to a schema that
+    lists `properties`), llguidance takes min/maxProperties even when some key is optional."""
+    import jsonschema
+
+    for bounds in ({"minProperties": 1}, {"maxProperties": 1}):
+        schema = {"type": "object", "properties": {"a": {"type": "integer"},
+                  "b": {"type": "integer"}}, **bounds}  # fmt: skip
+        outs = walk_many(llg, GrammarSpec("json_schema", json.dumps(schema)), seeds=16, steps=200)
+        assert len(outs) >= 12
+        for out in outs:
+            jsonschema.validate(json.loads(out), schema)
+
+
 def test_keyword_as_property_name_is_not_reported(llg):
     from radixlm.runtime.constrained.llguidance_specs import keyword_pointers
 

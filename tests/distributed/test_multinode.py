@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from typing import Any
 
 import httpx
@@ -18,7 +17,7 @@ import psutil
 import pytest
 
 from server_process import ServerProcess, free_port
-from tests_helpers import PARITY_PROMPTS, get_engine, release_engine
+from tests_helpers import PARITY_PROMPTS, get_engine, release_engine, wait_until
 
 CONFIG = {"device": "cpu", "dtype": "float32", "num_threads": 1}
 FLAGS = ["--device", "cpu", "--dtype", "float32", "--num-threads", "1", "--tp-size", "2",
@@ -73,15 +72,10 @@ def test_killed_rank_on_node1_stops_the_group(nodes: tuple[ServerProcess, Server
     before = node0.info()["generated_tokens"]
     thread = threading.Thread(target=client)
     thread.start()
-    deadline = time.monotonic() + 60
-    while node0.info()["generated_tokens"] == before:
-        assert time.monotonic() < deadline, "the request never started decoding"
-        time.sleep(0.05)
+    wait_until(lambda: node0.info()["generated_tokens"] != before, "the request decoding")
     rank1.send_signal(signal.SIGKILL)
-    killed = time.monotonic()
     thread.join(30)
     assert not thread.is_alive(), "the client hangs after a rank was killed"
-    assert time.monotonic() - killed < 30
     resp = outcome.get("resp")
     assert resp is not None and resp.status_code == 503, outcome
     assert "rank 1" in resp.text, resp.text

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -24,7 +23,7 @@ import torch
 
 from radixlm.runtime.distributed.lockstep import Journal, table_digest
 from radixlm.runtime.errors import EngineDeadError
-from tests_helpers import PARITY_PROMPTS, wait_idle_and_check
+from tests_helpers import PARITY_PROMPTS, wait_idle_and_check, wait_until
 
 MAX_NEW = 24
 # NOTE: float32 on both sides: the dense path (at TP > 1 the CPU runs no GGUF block kernels).
@@ -147,15 +146,11 @@ def kill_follower_mid_request(engine: Any) -> None:
     thread = threading.Thread(target=client)
     thread.start()
     info = engine.get_server_info()
-    deadline = time.monotonic() + 60
-    while engine.get_server_info()["generated_tokens"] == info["generated_tokens"]:
-        assert time.monotonic() < deadline, "the request never started decoding"
-        time.sleep(0.05)
-    killed = time.monotonic()
+    started = info["generated_tokens"]
+    wait_until(lambda: engine.get_server_info()["generated_tokens"] != started, "decoding")
     os.kill(info["tp_rank_1_pid"], signal.SIGKILL)
     thread.join(30)
     assert not thread.is_alive(), "the client hangs after a rank was killed"
-    assert time.monotonic() - killed < 30
     assert isinstance(outcome.get("error"), EngineDeadError), outcome
     assert "rank 1" in str(outcome["error"])
     with pytest.raises(EngineDeadError, match="rank 1"):

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -37,7 +36,8 @@ class FakeBackend(Backend):
     """Deterministic backend for interpreter-mechanics tests (see the module docstring).
 
     `reply(text, params)` gives each completion (default: "<n>" with n = number of generate calls
-    so far); `select` picks `pick(choices)` (default: the last); `fail(text, params)` may raise.
+    so far); `select` picks `pick(choices)` (default: the last); `fail(text, params)` may raise;
+    `before_chunk(i)` runs before streamed character i (a test's gate on an event, never a delay).
     Every call is recorded in `calls` as (method, text, detail).
     """
 
@@ -46,13 +46,13 @@ class FakeBackend(Backend):
         reply: Callable[[str, SamplingParams], str] | None = None,
         pick: Callable[[Sequence[str]], str] | None = None,
         fail: Callable[[str, SamplingParams], None] | None = None,
-        delay: float = 0.0,
+        before_chunk: Callable[[int], None] | None = None,
         template: ChatTemplate | None = None,
     ) -> None:
         self.reply = reply
         self.pick = pick or (lambda choices: choices[-1])
         self.fail = fail
-        self.delay = delay
+        self.before_chunk = before_chunk
         self.calls: list[tuple[str, str, Any]] = []
         self._lock = threading.Lock()
         self._template = template or from_jinja(SMOLLM2_TEMPLATE, eos_token="<|im_end|>")
@@ -70,7 +70,6 @@ class FakeBackend(Backend):
         n = self._record("generate", text, params)
         if self.fail is not None:
             self.fail(text, params)
-        time.sleep(self.delay)
         out = self.reply(text, params) if self.reply else f"<{n}>"
         return out, {"prompt_tokens": len(text), "completion_tokens": len(out), "cached_tokens": 0}
 
@@ -82,7 +81,8 @@ class FakeBackend(Backend):
             self.fail(text, params)
         out = self.reply(text, params) if self.reply else f"<{n}>"
         for i, ch in enumerate(out):
-            time.sleep(self.delay)
+            if self.before_chunk is not None:
+                self.before_chunk(i)
             yield ch, {"completion_tokens": i + 1}
 
     def select(self, text, choices, temperature, choices_method) -> ChoicesDecision:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import threading
 
 import radixlm.interpreter.api as rl
 from radixlm.interpreter.html import render_spans
@@ -41,23 +42,31 @@ def test_display_updates_one_output_in_place(make_fake, monkeypatch):
     import IPython.display  # test extras (ipykernel): never skipped
 
     shown, updates = [], []
+    updated = threading.Event()
 
     class Handle:
         def update(self, obj):
             updates.append(obj.data)
+            updated.set()
+
+    def after_an_update(i: int) -> None:  # each character waits for the output to be updated
+        if i and not updated.wait(60):
+            raise AssertionError("the output was never updated while the program ran")
+        updated.clear()
 
     def fake_display(obj, display_id=False):
         shown.append(obj.data)
         return Handle()
 
     monkeypatch.setattr(IPython.display, "display", fake_display)
-    backend = make_fake(reply=lambda t, p: "streamed text", delay=0.01)
+    backend = make_fake(reply=lambda t, p: "streamed text", before_chunk=after_an_update)
 
     @rl.function
     def prog(s):
         s += rl.assistant(rl.gen("answer"))
 
     state = prog.run(backend=backend, stream=True).display(interval=0.01)
-    assert len(shown) == 1 and len(updates) >= 2
+    assert len(shown) == 1 and len(updates) >= len("streamed text")
+    assert "running" in updates[0]  # updated in place while it ran, then once finished
     assert "streamed text" in updates[-1] and "running" not in updates[-1]
     assert state["answer"] == "streamed text"

@@ -240,15 +240,27 @@ def test_batch_generator_style_and_positional_arguments(fake):
 
 
 def test_streaming_text_iter_and_async(make_fake):
-    backend = make_fake(reply=lambda t, p: "hello world", delay=0.01)
+    taken = threading.Event()
+
+    def after_the_reader_took_the_last(i: int) -> None:  # an event, not a delay
+        if i and not taken.wait(60):
+            raise AssertionError("the reader never received a streamed chunk")
+        taken.clear()
+
+    gated = make_fake(reply=lambda t, p: "hello world", before_chunk=after_the_reader_took_the_last)
+    backend = make_fake(reply=lambda t, p: "hello world")
 
     @rl.function
     def prog(s):
         s += "Say:" + rl.gen("answer")
 
-    state = prog.run(backend=backend, stream=True)
-    chunks = list(state.text_iter("answer"))
-    assert "".join(chunks) == "hello world" and len(chunks) > 1
+    state = prog.run(backend=gated, stream=True)
+    chunks = []
+    for chunk in state.text_iter("answer"):
+        chunks.append(chunk)
+        taken.set()
+    # each character reached the reader before the next was generated: one chunk each
+    assert chunks == list("hello world"), chunks
     state = prog.run(backend=backend, stream=True)
     assert "".join(state.text_iter()) == "Say:hello world"
 
@@ -335,7 +347,7 @@ def test_nested_var_scopes_of_one_name(fake):
 
 
 def test_unknown_variable_in_text_iter_and_get_meta_info_is_named(make_fake):
-    backend = make_fake(reply=lambda t, p: "hi", delay=0.01)
+    backend = make_fake(reply=lambda t, p: "hi")
 
     @rl.function
     def prog(s):

@@ -134,3 +134,24 @@ def test_gguf_matches_transformers(tmp_path, name) -> None:
         ref = hf(torch.tensor([IDS])).logits[0]
     ours = runner_logits(ModelRunner(args, source), IDS)
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+def test_dequantize_matches_llama_cpps_reference(qtype) -> None:
+    """radixlm's own (torch) de-quantizer of the 32-value block types against `gguf.quants`
+    (llama.cpp's Python reference): the default model's Q4_1 / Q8_0 also pass through
+    transformers' loader in tests/e2e/test_gguf_oracle.py; Q4_0 has only this check."""
+    from gguf.quants import dequantize as reference
+    from gguf.quants import quantize
+
+    from radixlm.runtime.models.gguf_file import dequantize
+
+    kind = gguf.GGMLQuantizationType[qtype]
+    shape = (48, 96)
+    values = np.random.default_rng(0).standard_normal(shape).astype(np.float32) * 3
+    raw = quantize(values, kind)
+    expected = reference(raw, kind).reshape(shape)
+    got = dequantize(raw.reshape(-1), int(kind), shape)
+    assert got.dtype == torch.float32
+    assert np.array_equal(got.numpy(), expected), np.abs(got.numpy() - expected).max()
+    assert np.abs(expected - values).max() < 1.0  # the reference itself round-trips the values

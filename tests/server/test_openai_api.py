@@ -292,3 +292,46 @@ def test_continue_final_message_and_chat_template_kwargs(server):
     ).json()
     assert chat.json()["choices"][0]["message"]["content"] == native["text"]
     assert chat.json()["usage"]["prompt_tokens"] == native["meta_info"]["prompt_tokens"]
+
+
+# docs/server.md: "Rejected with a 400 when set", each naming its field
+REJECTED_FIELDS = [
+    ("/v1/chat/completions", {"functions": [{"name": "f", "parameters": {}}]}, "functions"),
+    ("/v1/chat/completions", {"function_call": "auto"}, "function_call"),
+    ("/v1/chat/completions", {"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+    ("/v1/chat/completions", {"prediction": {"type": "content", "content": "x"}}, "prediction"),
+    ("/v1/chat/completions", {"web_search_options": {}}, "web_search_options"),
+    ("/v1/completions", {"suffix": "!"}, "suffix"),
+    ("/v1/completions", {"best_of": 2}, "best_of"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
+        "messages",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("path", "fields", "param"), REJECTED_FIELDS, ids=[next(iter(f)) for _, f, _ in REJECTED_FIELDS]
+)
+def test_documented_rejections_are_400s_naming_the_field(server, path, fields, param):
+    base = {"model": "m", "max_tokens": 1}
+    base.update({"messages": CHAT} if path.endswith("chat/completions") else {"prompt": "Hi"})
+    resp = server.client.post(path, json={**base, **fields})
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    assert err["param"].startswith(param), err  # a content part: messages.0.content
+
+
+def test_best_of_equal_to_n_and_stream_reasoning_are_accepted(server):
+    """`best_of == n` is served (only other values are refused); `stream_reasoning` is accepted
+    and ignored (docs/server.md)."""
+    body = {"model": "m", "prompt": "Hi", "max_tokens": 2, "n": 2, "best_of": 2, **GREEDY}
+    resp = server.client.post("/v1/completions", json=body)
+    assert resp.status_code == 200 and len(resp.json()["choices"]) == 2, resp.text
+    base = {"model": "m", "messages": CHAT, "max_tokens": 8, **GREEDY}
+    plain = server.client.post("/v1/chat/completions", json=base)
+    extra = server.client.post("/v1/chat/completions", json={**base, "stream_reasoning": False})
+    assert extra.status_code == 200, extra.text
+    assert extra.json()["choices"][0]["message"] == plain.json()["choices"][0]["message"]
