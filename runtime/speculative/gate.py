@@ -37,6 +37,7 @@ PRIOR_ACCEPT = 0.6  # p of a request never verified
 ACCEPT_EMA = 0.25  # weight of the newest draft token tried
 RECOVER = 0.03  # per skipped step, p moves this fraction of the way back to the prior
 MAX_BACKOFF = 32  # steps a failing request's drafts wait at most
+CHAIN_LIMIT = 16  # deepest chain `begin_step` considers without a row budget
 P_MIN, P_MAX = 0.01, 0.98
 
 
@@ -57,21 +58,22 @@ class DraftGate:
     # ---- the choice ---------------------------------------------------------------------------
     def begin_step(self, rids: Sequence[str]) -> list[bool]:
         """Per request, whether a draft may be verified for it this step: not backing off, and
-        a one-node draft could pay for its row (else p recovers a little). All False: the step
-        is the plain decode step, nothing proposed (counts the step)."""
+        a chain as deep as the rows allow could pay (`chain_pays`; else p recovers a little).
+        All False: the step is the plain decode step, nothing proposed (counts the step)."""
         if self.always:
             return [True] * len(rids)
         bsz = len(rids)
         plain = bsz / self.costs.plain(bsz)
-        extra = self.costs.verify(bsz + 1) - self.costs.plain(bsz)
+        depth = max((self.max_rows or CHAIN_LIMIT) // bsz - 1, 0)
+        costs = [self.costs.verify(bsz + d) for d in range(1, depth + 1)]
         out = []
         for rid in rids:
             if self.waits(rid):
                 out.append(False)
                 continue
             p = self.accept_prob(rid)
-            ok = (bsz + min(max(p, P_MIN), P_MAX)) / self.costs.verify(bsz + 1) > plain
-            if not ok and extra > 0:
+            ok = chain_pays(min(max(p, P_MIN), P_MAX), bsz, costs, plain)
+            if not ok:
                 self.accept[rid] = p + RECOVER * (PRIOR_ACCEPT - p)
             out.append(ok)
         return out
@@ -154,6 +156,18 @@ class DraftGate:
     def release(self, rid: str) -> None:
         for table in (self.accept, self.backoff, self.wait):
             table.pop(rid, None)
+
+
+def chain_pays(p: float, bsz: int, costs: Sequence[float], plain_rate: float) -> bool:
+    """Whether a chain of d draft nodes (d = 1 .. len(costs); costs[d - 1]: a verify step of
+    bsz + d rows) beside bsz roots beats the plain step's tokens per second."""
+    gain, term = 0.0, 1.0
+    for seconds in costs:
+        term *= p
+        gain += term
+        if (bsz + gain) / seconds > plain_rate:
+            return True
+    return False
 
 
 def node_probs(draft: CheckedDraft, p: float) -> list[float]:

@@ -107,7 +107,7 @@ def merge_candidates(cands: Sequence[Sequence[int]], budget: int) -> tuple[list[
 
 class NgramProposer(Proposer):
     kind = DraftKind.DETERMINISTIC
-    hears_plain_steps = False  # NOTE: `propose` indexes `req.fill_ids` itself
+    needs_verified = False  # NOTE: `propose` indexes `req.fill_ids` itself
 
     def __init__(self, num_nodes: int, min_window: int, max_window: int, breadth: int) -> None:
         self.num_nodes = num_nodes

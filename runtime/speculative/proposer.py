@@ -15,8 +15,8 @@ What the speculative step (spec_step.py) guarantees a proposer:
   be cut before verification (depth left to the request, its grammar, the CPU row budget), never
   reordered. `result` in `on_verified` uses the proposer's own node numbering (cut nodes never
   appear on a path) and `hidden` its layout ([B * N, H], zero rows for cut nodes).
-- Every decode step ends with `on_verified` (unless `hears_plain_steps` is False and the step
-  verified no draft): a step that verified no draft (nothing proposed,
+- Every decode step ends with `on_verified` (unless `needs_verified` is False: then never): a
+  step that verified no draft (nothing proposed,
   everything cut, or no KV room) is reported as root-only trees (path [0], the sampled token as
   the bonus, `hidden` at each root's row). So the committed tokens of all steps reach the hooks.
 - Every extend step (a prefill, a chunk of one, the re-extend of a retracted or jump-forwarded
@@ -59,9 +59,9 @@ class Proposer(ABC):
     num_nodes: int
     # Whether `on_prefilled` / `on_verified` need the target's hidden states.
     needs_hidden: bool = False
-    # Whether `on_verified` must hear of plain steps too (False: a step that verified no draft
-    # skips it; for proposers that read each request's tokens themselves, like NGRAM).
-    hears_plain_steps: bool = True
+    # Whether `on_verified` is called at all (False: never, for proposers that read each
+    # request's tokens themselves, like NGRAM; the step then skips building its arguments).
+    needs_verified: bool = True
 
     @abstractmethod
     def propose(self, reqs: Sequence[Req]) -> DraftTree:

@@ -161,7 +161,7 @@ class SpeculativeStep:
             req.spec_committed += 1
         self.results.apply(out)
         assert out.next_ids is not None
-        if self.proposer.hears_plain_steps:
+        if self.proposer.needs_verified:
             self.proposer.on_verified(batch.reqs, *plain_result(out.next_ids, hidden, width))
         self.stats["spec_verify_steps"] += 1
         self.stats["spec_committed_tokens"] += len(batch.reqs)
@@ -218,8 +218,9 @@ class SpeculativeStep:
         self.commit(reqs, prefix, loc, parents, result, target_lp, top_n)
         self.stats["spec_verify_steps"] += 1
         self.stats["spec_draft_tokens"] += sum(counts) - bsz
-        self.proposer.on_verified(reqs, *in_proposer_layout(result, captured, checked, draft,
-                                                            self.needs_hidden))  # fmt: skip
+        if self.proposer.needs_verified:
+            self.proposer.on_verified(reqs, *in_proposer_layout(result, captured, checked, draft,
+                                                                self.needs_hidden))  # fmt: skip
         live = [r for r in reqs if not r.finished] if masks is not None else []
         if live and self.grammars.jump_forward_enabled:
             self.results.jump_forward(live)
