@@ -4,11 +4,12 @@ speculative step's cost model; gate.py decides with it).
 The runner's steps are timed online (wall time of the whole step: drafting, forward, acceptance,
 commit), so the model fits whatever device runs them: on a CPU a verify row costs almost a decode
 row (compute-bound at small batch), on a GPU almost nothing (bandwidth-bound). Per kind of step
-(plain, verify) and row count, a moving average of the measured seconds; a row count not measured
-yet (the first step of each is not kept: one-time costs) is estimated from the measured ones (a least-squares line through the verify points; before
-two distinct counts are measured, priors relative to the plain step: `PRIOR_ROW` per extra row,
-and a verify step of r rows costing a plain step of r rows: optimistic, so that a first verify
-step runs and is measured).
+(plain, verify) and row count, a moving average of the measured seconds (the first step of each
+shape is not kept: one-time costs; a spike moves it at most 2x). A verify step of any row count
+is read off the least-squares line through the measured verify shapes, weighted by their samples
+(it smooths a noisy machine's figures); before two shapes are measured, priors relative to the
+plain step: `PRIOR_ROW` per extra row, and a verify step of r rows costing a plain step of r rows
+(optimistic, so that a first verify step runs and is measured).
 
 Without `measure` (tensor-parallel ranks, which must all take the same decisions) nothing is
 recorded and the priors alone decide: deterministic.
@@ -19,6 +20,7 @@ Ownership: the draft gate owns it; scheduler thread only.
 from __future__ import annotations
 
 EMA = 0.2  # weight of the newest measurement
+MAX_WEIGHT = 20  # samples a shape counts for at most in the verify line's fit
 PRIOR_PLAIN = 1.0  # the unit before any step is timed
 PRIOR_ROW = 0.2  # a verify step's cost per extra row, in plain steps
 
@@ -28,6 +30,7 @@ class StepCosts:
         self.measure = measure
         self.seconds: dict[tuple[bool, int], float] = {}  # (verify?, rows) -> moving average
         self.seen: set[tuple[bool, int]] = set()  # shapes stepped once (their first not kept)
+        self.count: dict[tuple[bool, int], int] = {}  # samples kept per shape
 
     def record(self, verify: bool, rows: int, seconds: float) -> None:
         """A step of `rows` rows (plain: one per request; verify: the real tree nodes) took
@@ -39,7 +42,10 @@ class StepCosts:
             self.seen.add(key)
             return
         old = self.seconds.get(key)
-        self.seconds[key] = seconds if old is None else old + EMA * (seconds - old)
+        if old is not None:  # NOTE: a spike (another process ran) moves the average at most 2x
+            seconds = old + EMA * (min(seconds, 2.0 * old) - old)
+        self.seconds[key] = seconds
+        self.count[key] = self.count.get(key, 0) + 1
 
     def plain(self, rows: int) -> float:
         """Seconds of a plain decode step of `rows` requests."""
@@ -53,26 +59,26 @@ class StepCosts:
         return s0 * (1.0 + PRIOR_ROW * (rows - 1)) / (1.0 + PRIOR_ROW * (r0 - 1))
 
     def verify(self, rows: int) -> float:
-        """Seconds of a verify step over `rows` real tree nodes (roots included)."""
-        got = self.seconds.get((True, rows))
-        if got is not None:
-            return got
-        points = sorted((r, s) for (v, r), s in self.seconds.items() if v)
+        """Seconds of a verify step over `rows` real tree nodes (roots included): on the line
+        fitted through every measured shape (weighted by samples) once two are measured."""
+        points = sorted((r, s, min(self.count[(v, r)], MAX_WEIGHT))
+                        for (v, r), s in self.seconds.items() if v)  # fmt: skip
         unit = self.plain(1)
         if len(points) >= 2:
             slope, icpt = _line(points)
             return max(icpt + max(slope, 0.0) * rows, unit * 0.5)
         if len(points) == 1:
-            r0, s0 = points[0]
+            r0, s0, _ = points[0]
             return max(s0 + PRIOR_ROW * unit * (rows - r0), unit * 0.5)
         return self.plain(rows)
 
 
-def _line(points: list[tuple[int, float]]) -> tuple[float, float]:
-    """Least-squares (slope, intercept) of seconds over rows."""
-    n = len(points)
-    mx = sum(r for r, _ in points) / n
-    my = sum(s for _, s in points) / n
-    var = sum((r - mx) ** 2 for r, _ in points)
-    slope = sum((r - mx) * (s - my) for r, s in points) / var if var > 0 else 0.0
+def _line(points: list[tuple[int, float, int]]) -> tuple[float, float]:
+    """Weighted least-squares (slope, intercept) of seconds over rows; points (rows, seconds,
+    weight)."""
+    total = sum(w for _, _, w in points)
+    mx = sum(r * w for r, _, w in points) / total
+    my = sum(s * w for _, s, w in points) / total
+    var = sum(w * (r - mx) ** 2 for r, _, w in points)
+    slope = sum(w * (r - mx) * (s - my) for r, s, w in points) / var if var > 0 else 0.0
     return slope, my - slope * mx

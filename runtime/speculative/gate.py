@@ -19,6 +19,10 @@ may gain at all (else it is the plain step, nothing proposed); while a request's
 for even one node to pay, p moves back towards `PRIOR_ACCEPT` by `RECOVER` per step. One whose drafts are accepted gets longer
 drafts, as far as the rows' cost allows.
 
+With a proposer's hints (NGRAM: the matched window's length; a long match is a copied passage),
+the plan uses p of the request's drafts with the same hint bucket instead, and a request's first
+draft of a bucket starts from that bucket's p over all requests.
+
 `always=True` verifies every draft unchanged (tests that need fixed acceptance figures; GPU,
 where a verify row costs almost nothing). Exactness never depends on the gate: any subtree
 containing the root is verified exactly.
@@ -39,6 +43,7 @@ RECOVER = 0.03  # per skipped step, p moves this fraction of the way back to the
 MAX_BACKOFF = 32  # steps a failing request's drafts wait at most
 CHAIN_LIMIT = 16  # deepest chain `begin_step` considers without a row budget
 P_MIN, P_MAX = 0.01, 0.98
+HINT_BUCKETS = 5
 
 
 class DraftGate:
@@ -49,11 +54,19 @@ class DraftGate:
         self.max_rows = max_rows  # padded rows of a verify step (B * widest tree), None: any
         self.costs = StepCosts(measure)
         self.accept: dict[str, float] = {}  # rid -> p
+        # by the proposer's hint (`Proposer.hints`, in buckets): per request, and over all
+        # requests (the prior of a request's first draft of that bucket)
+        self.hinted: dict[tuple[str, int], float] = {}
+        self.by_hint: dict[int, float] = {}
         self.backoff: dict[str, int] = {}  # rid -> its last wait (doubles per failed draft)
         self.wait: dict[str, int] = {}  # rid -> steps left before its draft is considered
 
-    def accept_prob(self, rid: str) -> float:
-        return self.accept.get(rid, PRIOR_ACCEPT)
+    def accept_prob(self, rid: str, hint: int | None = None) -> float:
+        """p of `rid` (with a proposer's hint: of its drafts with that hint's bucket)."""
+        if hint is None:
+            return self.accept.get(rid, PRIOR_ACCEPT)
+        b = bucket(hint)
+        return self.hinted.get((rid, b), self.by_hint.get(b, PRIOR_ACCEPT))
 
     # ---- the choice ---------------------------------------------------------------------------
     def begin_step(self, rids: Sequence[str]) -> list[bool]:
@@ -79,17 +92,20 @@ class DraftGate:
         return out
 
     def plan(
-        self, rids: Sequence[str], drafts: Sequence[CheckedDraft], allowed: Sequence[bool]
-    ) -> list[CheckedDraft]:
+        self, rids: Sequence[str], drafts: Sequence[CheckedDraft], allowed: Sequence[bool],
+        hints: Sequence[int] | None = None,
+    ) -> list[CheckedDraft]:  # fmt: skip
         """Each request's draft cut to the nodes worth verifying this step (the root alone for
-        none; every draft root-only: run the plain step). `allowed`: `begin_step`'s answer."""
+        none; every draft root-only: run the plain step). `allowed`: `begin_step`'s answer;
+        `hints`: the proposer's (`Proposer.hints`), None when it gives none."""
         bsz = len(drafts)
         if self.always:
             return self.within_rows(list(drafts))
         nodes: list[tuple[float, int, int]] = []  # (-P, request, node)
         for i, (rid, d) in enumerate(zip(rids, drafts)):
             if allowed[i] and len(d.kept) > 1:
-                probs = node_probs(d, self.accept_prob(rid))
+                hint = None if hints is None else hints[i]
+                probs = node_probs(d, self.accept_prob(rid, hint))
                 nodes.extend((-pr, i, j) for j, pr in enumerate(probs) if j > 0)
         nodes.sort()
         chosen: list[set[int]] = [{0} for _ in drafts]
@@ -134,16 +150,15 @@ class DraftGate:
         return [subtree(d, set(range(min(width, len(d.kept))))) for d in drafts]
 
     # ---- what the steps tell it ---------------------------------------------------------------
-    def update(self, rid: str, accepted: int, rejected: bool) -> None:
+    def update(self, rid: str, accepted: int, rejected: bool, hint: int | None = None) -> None:
         """After a verify step in which `rid` had a draft: `accepted` draft tokens accepted along
         a path (successes), `rejected`: the last accepted node had children, all rejected (one
-        failure)."""
-        p = self.accept_prob(rid)
-        for _ in range(accepted):
-            p += ACCEPT_EMA * (1.0 - p)
-        if rejected:
-            p -= ACCEPT_EMA * p
-        self.accept[rid] = min(max(p, P_MIN), P_MAX)
+        failure). `hint`: the proposer's for this draft (its bucket's figures move too)."""
+        self.accept[rid] = moved(self.accept_prob(rid), accepted, rejected)
+        if hint is not None:
+            b = bucket(hint)
+            self.hinted[(rid, b)] = moved(self.accept_prob(rid, hint), accepted, rejected)
+            self.by_hint[b] = moved(self.by_hint.get(b, PRIOR_ACCEPT), accepted, rejected)
         if accepted:
             self.backoff.pop(rid, None)
             return
@@ -156,6 +171,23 @@ class DraftGate:
     def release(self, rid: str) -> None:
         for table in (self.accept, self.backoff, self.wait):
             table.pop(rid, None)
+        for key in [k for k in self.hinted if k[0] == rid]:
+            del self.hinted[key]
+
+
+def bucket(hint: int) -> int:
+    """Hints in buckets of doubling width: 0, 1, 2-3, 4-7, 8 and more."""
+    return min(max(hint, 0).bit_length(), HINT_BUCKETS - 1)
+
+
+def moved(p: float, accepted: int, rejected: bool) -> float:
+    """p after a draft with `accepted` tokens accepted (successes), then, with `rejected`, one
+    failure."""
+    for _ in range(accepted):
+        p += ACCEPT_EMA * (1.0 - p)
+    if rejected:
+        p -= ACCEPT_EMA * p
+    return min(max(p, P_MIN), P_MAX)
 
 
 def chain_pays(p: float, bsz: int, costs: Sequence[float], plain_rate: float) -> bool:

@@ -13,6 +13,9 @@ token): a DETERMINISTIC tree (tree_accept.py), a chain when one candidate is fou
 candidate keeps the longest branch; every other candidate gets at least its first differing
 token, then the budget left, in order.
 
+`hints` (proposer.py): per request, the window length of its first candidate's match, a sign
+of the draft's quality (a long match is in a copied passage).
+
 Ownership: the proposer owns its indexes (keyed by the request's id, dropped by `release`); it
 only reads `Req.fill_ids`. Jump-forward may replace the tail of a request's output: the index
 remembers a few of the last tokens it indexed and rebuilds itself when they changed.
@@ -44,6 +47,7 @@ class NgramIndex:
         self.keep = keep
         self.tokens: list[int] = []
         self.table: dict[tuple[int, ...], list[int]] = {}
+        self.matched = 0  # the window of the last `candidates` call's first candidate (0: none)
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Make the index cover `tokens` (which extend what it covers; otherwise it rebuilds)."""
@@ -70,11 +74,13 @@ class NgramIndex:
         own = self.tokens
         out: list[list[int]] = []
         starts: set[int] = set()
+        self.matched = 0
         for n in range(min(self.max_n, len(own)), self.min_n - 1, -1):
             for start in reversed(self.table.get(tuple(own[len(own) - n :]), ())):
                 if start in starts:
                     continue
                 starts.add(start)
+                self.matched = self.matched or n
                 out.append(own[start : start + length])
                 if len(out) == limit:
                     return out
@@ -120,6 +126,7 @@ class NgramProposer(Proposer):
         n = self.num_nodes
         tokens = torch.zeros(len(reqs), n, dtype=torch.int64)
         parents = torch.full((len(reqs), n), -1, dtype=torch.int64)
+        self.hints = []
         for i, req in enumerate(reqs):
             index = self.indexes.get(req.rid)
             if index is None:
@@ -128,6 +135,7 @@ class NgramProposer(Proposer):
                 )
             index.extend(req.fill_ids)
             cands = index.candidates(self.breadth, n - 1) if n > 1 else []
+            self.hints.append(index.matched if cands else 0)
             toks, pars = merge_candidates(cands, n - 1)
             toks[0] = req.last_token
             tokens[i, : len(toks)] = torch.tensor(toks)

@@ -62,6 +62,9 @@ class Proposer(ABC):
     # Whether `on_verified` is called at all (False: never, for proposers that read each
     # request's tokens themselves, like NGRAM; the step then skips building its arguments).
     needs_verified: bool = True
+    # After `propose`: per request, a small int that sorts drafts by expected quality (NGRAM: the
+    # matched window's length), which the draft gate keeps acceptance statistics by; None: none.
+    hints: list[int] | None = None
 
     @abstractmethod
     def propose(self, reqs: Sequence[Req]) -> DraftTree:

@@ -136,7 +136,8 @@ class SpeculativeStep:
                 for i, req in enumerate(reqs)
             ]
             if any(len(c.kept) > 1 for c in checked):
-                checked = self.gate.plan([r.rid for r in reqs], checked, allowed)
+                hints = self.proposer.hints
+                checked = self.gate.plan([r.rid for r in reqs], checked, allowed, hints)
             rows = sum(len(c.kept) for c in checked)
             verified = rows > len(reqs) and self.verify(batch, draft, checked, masks)
         if not verified:
@@ -255,6 +256,7 @@ class SpeculativeStep:
         lps = result.logprobs.tolist() if result.logprobs is not None else None
         n = parents.shape[1]
         pars = parents.tolist()
+        hints = self.proposer.hints
         drafted = [sum(1 for p in row if p >= 0) for row in pars]
         for i, req in enumerate(reqs):
             a = num_acc[i]
@@ -280,7 +282,8 @@ class SpeculativeStep:
             req.spec_committed += appended
             self.stats["spec_committed_tokens"] += appended
             if drafted[i]:
-                self.gate.update(req.rid, a, path[-1] in pars[i])
+                hint = None if hints is None else hints[i]
+                self.gate.update(req.rid, a, path[-1] in pars[i], hint)
 
     def drop_uncommitted(self, req: Req) -> None:
         """A request stopped inside its committed tokens: free the KV past its last output
