@@ -130,3 +130,25 @@ def test_host_greedy_accept_is_tree_accepts_greedy_rule() -> None:
         assert torch.equal(got.path, want.path)
         assert torch.equal(got.num_accepted, want.num_accepted)
         assert torch.equal(got.tokens, want.tokens)
+
+
+def test_hints_keep_their_own_acceptance() -> None:
+    """With a proposer's hints (NGRAM: the matched window), drafts of a bucket whose tokens are
+    accepted keep being verified while those of a bucket that fails stop; a new request starts
+    from each bucket's figures over all requests."""
+    gate = cpu_like(DraftGate())
+    strong, weak = 12, 1  # buckets 4 and 1
+
+    def verified(rid: str, hint: int) -> int:
+        return len(gate.plan([rid], [chain(8)], gate.begin_step([rid]), [hint])[0].kept) - 1
+
+    for _ in range(30):
+        if verified("a", strong):
+            gate.update("a", accepted=6, rejected=False, hint=strong)
+        if verified("a", weak):
+            gate.update("a", accepted=0, rejected=True, hint=weak)
+    assert gate.accept_prob("a", strong) > 0.9 and gate.accept_prob("a", weak) < 0.3
+    assert verified("a", strong) >= 3 and verified("a", weak) == 0
+    assert verified("b", strong) >= 3 and verified("b", weak) == 0  # the buckets' priors
+    gate.release("a")
+    assert all(key[0] != "a" for key in gate.hinted)

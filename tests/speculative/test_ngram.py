@@ -75,6 +75,7 @@ def test_proposer_shapes_and_release() -> None:
     check_parents(tree.parents)
     assert tree.tokens[0, :3].tolist() == [2, 3, 1]  # (1, 2) was followed by 3, 1, 2
     assert tree.parents[1].tolist() == [-1] * 6  # nothing repeats: the root alone
+    assert prop.hints == [2, 0]  # the matched windows: (1, 2), none
     prop.release(reqs[0])
     assert set(prop.indexes) == {"b"}
 
