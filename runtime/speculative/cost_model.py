@@ -5,7 +5,9 @@ The runner's steps are timed online (wall time of the whole step: drafting, forw
 commit), so the model fits whatever device runs them: on a CPU a verify row costs almost a decode
 row (compute-bound at small batch), on a GPU almost nothing (bandwidth-bound). Per kind of step
 (plain, verify) and row count, a moving average of the measured seconds (the first step of each
-shape is not kept: one-time costs; a spike moves it at most 2x). A verify step of any row count
+shape is not kept: one-time costs; a spike moves it at most 2x); verify steps are kept in units
+of the plain step of one row as it was measured then, so that a machine whose load changes (the
+plain steps keep being measured, the verify steps only when chosen) keeps their ratio. A verify step of any row count
 is read off the least-squares line through the measured verify shapes, weighted by their samples
 (it smooths a noisy machine's figures); before two shapes are measured, priors relative to the
 plain step: `PRIOR_ROW` per extra row, and a verify step of r rows costing a plain step of r rows
@@ -28,7 +30,9 @@ PRIOR_ROW = 0.2  # a verify step's cost per extra row, in plain steps
 class StepCosts:
     def __init__(self, measure: bool = True) -> None:
         self.measure = measure
-        self.seconds: dict[tuple[bool, int], float] = {}  # (verify?, rows) -> moving average
+        # (verify?, rows) -> moving average: plain steps in seconds, verify steps in plain steps
+        # of one row measured at the time (a loaded machine slows both alike)
+        self.seconds: dict[tuple[bool, int], float] = {}
         self.seen: set[tuple[bool, int]] = set()  # shapes stepped once (their first not kept)
         self.count: dict[tuple[bool, int], int] = {}  # samples kept per shape
 
@@ -41,6 +45,10 @@ class StepCosts:
         if key not in self.seen:  # NOTE: a first step of a shape pays one-time costs (scratch)
             self.seen.add(key)
             return
+        if verify:
+            if not any(not v for v, _ in self.seconds):
+                return  # NOTE: no plain step measured yet: no unit
+            seconds /= self.plain(1)
         old = self.seconds.get(key)
         if old is not None:  # NOTE: a spike (another process ran) moves the average at most 2x
             seconds = old + EMA * (min(seconds, 2.0 * old) - old)
@@ -66,10 +74,10 @@ class StepCosts:
         unit = self.plain(1)
         if len(points) >= 2:
             slope, icpt = _line(points)
-            return max(icpt + max(slope, 0.0) * rows, unit * 0.5)
+            return unit * max(icpt + max(slope, 0.0) * rows, 0.5)
         if len(points) == 1:
             r0, s0, _ = points[0]
-            return max(s0 + PRIOR_ROW * unit * (rows - r0), unit * 0.5)
+            return unit * max(s0 + PRIOR_ROW * (rows - r0), 0.5)
         return self.plain(rows)
 
 

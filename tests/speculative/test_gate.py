@@ -98,14 +98,17 @@ def test_cost_model_fits_and_priors() -> None:
     assert costs.verify(9) > costs.verify(5)
     costs = StepCosts()
     costs.record(True, 2, 1.0)  # the first step of a shape: one-time costs, not kept
+    costs.record(True, 2, 0.012)  # no plain step measured yet (the unit): not kept
     assert costs.seconds == {}
-    for key in ((False, 1, 0.01), (True, 2, 0.012), (True, 6, 0.020)):
+    for key in [(False, 1, 0.01)] * 2 + [(True, 2, 0.012)] + [(True, 6, 0.020)] * 2:
         costs.record(*key)
-    assert costs.seconds == {(True, 2): 0.012}
-    for key in ((False, 1, 0.01), (True, 6, 0.020)):
-        costs.record(*key)
+    assert costs.seconds.keys() == {(False, 1), (True, 2), (True, 6)}
+    assert abs(costs.seconds[(True, 2)] - 1.2) < 1e-9  # in plain steps of one row
     assert abs(costs.verify(4) - 0.016) < 1e-9  # on the line through the measured points
-    assert costs.verify(6) == 0.020
+    assert abs(costs.verify(6) - 0.020) < 1e-9
+    for _ in range(30):
+        costs.record(False, 1, 0.02)  # the machine got twice as slow: verify steps scale too
+    assert abs(costs.verify(6) - 0.040) < 1e-4
 
 
 def test_host_greedy_accept_is_tree_accepts_greedy_rule() -> None:
