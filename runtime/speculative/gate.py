@@ -21,7 +21,7 @@ drafts, as far as the rows' cost allows.
 
 With a proposer's hints (NGRAM: the matched window's length; a long match is a copied passage),
 the plan uses p of the request's drafts with the same hint bucket instead, and a request's first
-draft of a bucket starts from that bucket's p over all requests.
+draft of a bucket starts from that bucket's p over all requests (`HINT_PRIOR` before any).
 
 `always=True` verifies every draft unchanged (tests that need fixed acceptance figures; GPU,
 where a verify row costs almost nothing). Exactness never depends on the gate: any subtree
@@ -44,6 +44,8 @@ MAX_BACKOFF = 32  # steps a failing request's drafts wait at most
 CHAIN_LIMIT = 16  # deepest chain `begin_step` considers without a row budget
 P_MIN, P_MAX = 0.01, 0.98
 HINT_BUCKETS = 5
+# p of a bucket never verified: a longer NGRAM match is likelier in a copied passage
+HINT_PRIOR = (0.5, 0.6, 0.7, 0.8, 0.9)
 
 
 class DraftGate:
@@ -66,13 +68,15 @@ class DraftGate:
         if hint is None:
             return self.accept.get(rid, PRIOR_ACCEPT)
         b = bucket(hint)
-        return self.hinted.get((rid, b), self.by_hint.get(b, PRIOR_ACCEPT))
+        return self.hinted.get((rid, b), self.by_hint.get(b, HINT_PRIOR[b]))
 
     # ---- the choice ---------------------------------------------------------------------------
-    def begin_step(self, rids: Sequence[str]) -> list[bool]:
+    def begin_step(self, rids: Sequence[str], hints: Sequence[int] | None = None) -> list[bool]:
         """Per request, whether a draft may be verified for it this step: not backing off, and
-        a chain as deep as the rows allow could pay (`chain_pays`; else p recovers a little).
-        All False: the step is the plain decode step, nothing proposed (counts the step)."""
+        a chain as deep as the rows allow could pay (`chain_pays`, with p of the hint's bucket
+        when the proposer peeked one, `Proposer.peek_hints`; hint 0: no draft; else p recovers
+        a little). All False: the step is the plain decode step, nothing proposed (counts the
+        step)."""
         if self.always:
             return [True] * len(rids)
         bsz = len(rids)
@@ -80,14 +84,18 @@ class DraftGate:
         depth = max((self.max_rows or CHAIN_LIMIT) // bsz - 1, 0)
         costs = [self.costs.verify(bsz + d) for d in range(1, depth + 1)]
         out = []
-        for rid in rids:
-            if self.waits(rid):
+        for i, rid in enumerate(rids):
+            hint = None if hints is None else hints[i]
+            if self.waits(rid) or hint == 0:
                 out.append(False)
                 continue
-            p = self.accept_prob(rid)
+            p = self.accept_prob(rid, hint)
             ok = chain_pays(min(max(p, P_MIN), P_MAX), bsz, costs, plain)
-            if not ok:
+            if not ok and hint is None:
                 self.accept[rid] = p + RECOVER * (PRIOR_ACCEPT - p)
+            elif not ok:
+                b = bucket(hint)
+                self.hinted[(rid, b)] = p + RECOVER * (HINT_PRIOR[b] - p)
             out.append(ok)
         return out
 
@@ -158,7 +166,7 @@ class DraftGate:
         if hint is not None:
             b = bucket(hint)
             self.hinted[(rid, b)] = moved(self.accept_prob(rid, hint), accepted, rejected)
-            self.by_hint[b] = moved(self.by_hint.get(b, PRIOR_ACCEPT), accepted, rejected)
+            self.by_hint[b] = moved(self.by_hint.get(b, HINT_PRIOR[b]), accepted, rejected)
         if accepted:
             self.backoff.pop(rid, None)
             return

@@ -68,6 +68,15 @@ class NgramIndex:
                 if len(hits) > self.keep:
                     del hits[0]
 
+    def longest_match(self) -> int:
+        """The longest window (`min_n..max_n`) whose n-gram ending the tokens occurred before
+        (0: none): what `candidates` would match first."""
+        own = self.tokens
+        for n in range(min(self.max_n, len(own)), self.min_n - 1, -1):
+            if self.table.get(tuple(own[len(own) - n :])):
+                return n
+        return 0
+
     def candidates(self, limit: int, length: int) -> list[list[int]]:
         """Continuations (up to `length` tokens each, at most `limit` distinct starts) of the
         current suffix: longest matching window first, most recent occurrence first."""
@@ -122,18 +131,26 @@ class NgramProposer(Proposer):
         self.breadth = breadth
         self.indexes: dict[str, NgramIndex] = {}
 
+    def index_of(self, req: Req) -> NgramIndex:
+        """`req`'s index, brought up to its tokens."""
+        index = self.indexes.get(req.rid)
+        if index is None:
+            index = self.indexes[req.rid] = NgramIndex(
+                self.min_window, self.max_window, self.breadth
+            )
+        index.extend(req.fill_ids)
+        return index
+
+    def peek_hints(self, reqs: Sequence[Req]) -> list[int]:
+        return [self.index_of(req).longest_match() if self.num_nodes > 1 else 0 for req in reqs]
+
     def propose(self, reqs: Sequence[Req]) -> DraftTree:
         n = self.num_nodes
         tokens = torch.zeros(len(reqs), n, dtype=torch.int64)
         parents = torch.full((len(reqs), n), -1, dtype=torch.int64)
         self.hints = []
         for i, req in enumerate(reqs):
-            index = self.indexes.get(req.rid)
-            if index is None:
-                index = self.indexes[req.rid] = NgramIndex(
-                    self.min_window, self.max_window, self.breadth
-                )
-            index.extend(req.fill_ids)
+            index = self.index_of(req)
             cands = index.candidates(self.breadth, n - 1) if n > 1 else []
             self.hints.append(index.matched if cands else 0)
             toks, pars = merge_candidates(cands, n - 1)

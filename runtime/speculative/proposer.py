@@ -71,6 +71,11 @@ class Proposer(ABC):
         """Draft trees for `reqs` (each decoding: `fill_ids[-1]` is its root). A request with
         nothing to propose gets the root alone (every other node padding)."""
 
+    def peek_hints(self, reqs: Sequence[Req]) -> list[int] | None:
+        """The `hints` that `propose(reqs)` would give, cheaply, before deciding to propose
+        (None: this proposer gives none). 0: nothing to propose for that request."""
+        return None
+
     def on_prefilled(self, reqs: Sequence[Req], hidden: torch.Tensor | None) -> None:  # noqa: B027
         """`reqs` finished (a chunk of) their prefill; `hidden` covers the extend rows."""
 

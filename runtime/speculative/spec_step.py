@@ -122,7 +122,8 @@ class SpeculativeStep:
             self.active[req.rid] = req
             if req.spec_verify_ct is None:
                 req.spec_verify_ct = req.spec_committed = 0
-        allowed = self.gate.begin_step([r.rid for r in reqs])
+        peek = None if self.gate.always else self.proposer.peek_hints(reqs)
+        allowed = self.gate.begin_step([r.rid for r in reqs], peek)
         verified, rows = False, len(reqs)
         width = self.proposer.num_nodes
         if any(allowed):  # NOTE: else no request can gain: the plain step, nothing proposed
