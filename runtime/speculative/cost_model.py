@@ -35,6 +35,7 @@ class StepCosts:
         self.seconds: dict[tuple[bool, int], float] = {}
         self.seen: set[tuple[bool, int]] = set()  # shapes stepped once (their first not kept)
         self.count: dict[tuple[bool, int], int] = {}  # samples kept per shape
+        self._line: tuple[float, float] | None = None  # the verify line's fit, until a record
 
     def record(self, verify: bool, rows: int, seconds: float) -> None:
         """A step of `rows` rows (plain: one per request; verify: the real tree nodes) took
@@ -49,6 +50,7 @@ class StepCosts:
             if not any(not v for v, _ in self.seconds):
                 return  # NOTE: no plain step measured yet: no unit
             seconds /= self.plain(1)
+            self._line = None
         old = self.seconds.get(key)
         if old is not None:  # NOTE: a spike (another process ran) moves the average at most 2x
             seconds = old + EMA * (min(seconds, 2.0 * old) - old)
@@ -69,11 +71,14 @@ class StepCosts:
     def verify(self, rows: int) -> float:
         """Seconds of a verify step over `rows` real tree nodes (roots included): on the line
         fitted through every measured shape (weighted by samples) once two are measured."""
+        unit = self.plain(1)
+        if self._line is not None:
+            slope, icpt = self._line
+            return unit * max(icpt + max(slope, 0.0) * rows, 0.5)
         points = sorted((r, s, min(self.count[(v, r)], MAX_WEIGHT))
                         for (v, r), s in self.seconds.items() if v)  # fmt: skip
-        unit = self.plain(1)
         if len(points) >= 2:
-            slope, icpt = _line(points)
+            self._line = slope, icpt = _line(points)
             return unit * max(icpt + max(slope, 0.0) * rows, 0.5)
         if len(points) == 1:
             r0, s0, _ = points[0]
