@@ -96,13 +96,16 @@ class NgramIndex:
         return out
 
 
-def merge_candidates(cands: Sequence[Sequence[int]], budget: int) -> tuple[list[int], list[int]]:
+def merge_candidates(
+    cands: Sequence[Sequence[int]], budget: int, reserve_alternates: bool = True
+) -> tuple[list[int], list[int]]:
     """A trie of the candidates under a root (node 0): (tokens, parents) of at most `budget` + 1
     nodes in topological order. The first candidate is cut so that each later one can still add
-    one node; later ones then take what is left, in order."""
+    one node (with `reserve_alternates`; else it takes what it can first); later ones then take
+    what is left, in order."""
     tokens, parents = [-1], [-1]
     children: dict[tuple[int, int], int] = {}
-    reserve = min(max(len(cands) - 1, 0), budget // 2)
+    reserve = min(max(len(cands) - 1, 0), budget // 2) if reserve_alternates else 0
     for k, cand in enumerate(cands):
         room = budget - (len(tokens) - 1) - (reserve if k == 0 else 0)
         node = 0
@@ -124,8 +127,15 @@ class NgramProposer(Proposer):
     kind = DraftKind.DETERMINISTIC
     needs_verified = False  # NOTE: `propose` indexes `req.fill_ids` itself
 
-    def __init__(self, num_nodes: int, min_window: int, max_window: int, breadth: int) -> None:
+    def __init__(
+        self, num_nodes: int, min_window: int, max_window: int, breadth: int,
+        reserve_alternates: bool = True,
+    ) -> None:  # fmt: skip
         self.num_nodes = num_nodes
+        # NOTE: False on CPU with the cost-aware gate (setup.py): a verify row costs almost a
+        # decode row there, the gate keeps the likeliest nodes, and those are the first
+        # candidate's chain while drafts are accepted.
+        self.reserve_alternates = reserve_alternates
         self.min_window = min_window
         self.max_window = max_window
         self.breadth = breadth
@@ -153,7 +163,7 @@ class NgramProposer(Proposer):
             index = self.index_of(req)
             cands = index.candidates(self.breadth, n - 1) if n > 1 else []
             self.hints.append(index.matched if cands else 0)
-            toks, pars = merge_candidates(cands, n - 1)
+            toks, pars = merge_candidates(cands, n - 1, self.reserve_alternates)
             toks[0] = req.last_token
             tokens[i, : len(toks)] = torch.tensor(toks)
             parents[i, : len(pars)] = torch.tensor(pars)

@@ -51,6 +51,9 @@ def test_merge_is_a_trie_within_budget() -> None:
     # the shared prefix 1, 2 is one branch; 9 and 7 each got a node
     assert tokens.count(1) == 1 and 9 in tokens and 7 in tokens
     assert merge_candidates([[4, 4, 4]], budget=8) == ([-1, 4, 4, 4], [-1, 0, 1, 2])
+    # chain first (CPU, cost-aware gate): the first candidate takes the budget, then the others
+    chain = merge_candidates([[1, 2, 3, 4, 5], [1, 2, 9], [7]], budget=5, reserve_alternates=False)
+    assert chain == ([-1, 1, 2, 3, 4, 5], [-1, 0, 1, 2, 3, 4])
     assert merge_candidates([], budget=8) == ([-1], [-1])
 
 
