@@ -39,7 +39,7 @@ from radixlm.runtime.speculative.draft_check import CheckedDraft
 
 PRIOR_ACCEPT = 0.6  # p of a request never verified
 ACCEPT_EMA = 0.25  # weight of the newest draft token tried
-RECOVER = 0.03  # per skipped step, p moves this fraction of the way back to the prior
+RECOVER = 0.02  # per skipped step, p moves this fraction of the way back to the prior
 MAX_BACKOFF = 32  # steps a failing request's drafts wait at most
 CHAIN_LIMIT = 16  # deepest chain `begin_step` considers without a row budget
 P_MIN, P_MAX = 0.01, 0.98
