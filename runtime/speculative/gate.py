@@ -16,8 +16,8 @@ with each such step, reset by an accepted token) before its next draft is consid
 falls: drafts that keep failing stop being verified, and are probed again only now and then (a
 probe is one cheap node when p is low). `begin_step` tells the step first whether any request
 may gain at all (else it is the plain step, nothing proposed); while a request's p is too low
-for even one node to pay, p moves back towards `PRIOR_ACCEPT` by `RECOVER` per step. One whose drafts are accepted gets longer
-drafts, as far as the rows' cost allows.
+for its drafts to pay, p moves back towards `PRIOR_ACCEPT` by `RECOVER / B` per step (B: the
+batch size). One whose drafts are accepted gets longer drafts, as far as the rows' cost allows.
 
 With a proposer's hints (NGRAM: the matched window's length; a long match is a copied passage),
 the plan uses p of the request's drafts with the same hint bucket instead, and a request's first
@@ -83,6 +83,9 @@ class DraftGate:
         plain = bsz / self.costs.plain(bsz)
         depth = max((self.max_rows or CHAIN_LIMIT) // bsz - 1, 0)
         costs = [self.costs.verify(bsz + d) for d in range(1, depth + 1)]
+        # NOTE: a failed probe costs the whole batch a verify step: B requests probe as often
+        # together as one alone
+        recover = RECOVER / bsz
         out = []
         for i, rid in enumerate(rids):
             hint = None if hints is None else hints[i]
@@ -92,10 +95,10 @@ class DraftGate:
             p = self.accept_prob(rid, hint)
             ok = chain_pays(min(max(p, P_MIN), P_MAX), bsz, costs, plain)
             if not ok and hint is None:
-                self.accept[rid] = p + RECOVER * (PRIOR_ACCEPT - p)
+                self.accept[rid] = p + recover * (PRIOR_ACCEPT - p)
             elif not ok:
                 b = bucket(hint)
-                self.hinted[(rid, b)] = p + RECOVER * (HINT_PRIOR[b] - p)
+                self.hinted[(rid, b)] = p + recover * (HINT_PRIOR[b] - p)
             out.append(ok)
         return out
 
