@@ -5,7 +5,8 @@ The runner's steps are timed online (wall time of the whole step: drafting, forw
 commit), so the model fits whatever device runs them: on a CPU a verify row costs almost a decode
 row (compute-bound at small batch), on a GPU almost nothing (bandwidth-bound). Per kind of step
 (plain, verify) and row count, a moving average of the measured seconds (the first step of each
-shape is not kept: one-time costs; a spike moves it at most 2x); verify steps are kept in units
+shape is not kept: one-time costs; it falls fast and rises slowly, since a shared machine's
+noise only adds time, and a spike moves it at most 2x); verify steps are kept in units
 of the plain step of one row as it was measured then, so that a machine whose load changes (the
 plain steps keep being measured, the verify steps only when chosen) keeps their ratio. A verify step of any row count
 is read off the least-squares line through the measured verify shapes, weighted by their samples
@@ -21,7 +22,9 @@ Ownership: the draft gate owns it; scheduler thread only.
 
 from __future__ import annotations
 
-EMA = 0.2  # weight of the newest measurement
+EMA = 0.2  # weight of the newest measurement when it is below the average
+EMA_UP = 0.05  # ... above it (another process ran: a verify step measured in a spike would keep
+# the gate from choosing, hence from measuring, that shape again)
 MAX_WEIGHT = 20  # samples a shape counts for at most in the verify line's fit
 PRIOR_PLAIN = 1.0  # the unit before any step is timed
 PRIOR_ROW = 0.2  # a verify step's cost per extra row, in plain steps
@@ -52,8 +55,9 @@ class StepCosts:
             seconds /= self.plain(1)
             self._line = None
         old = self.seconds.get(key)
-        if old is not None:  # NOTE: a spike (another process ran) moves the average at most 2x
-            seconds = old + EMA * (min(seconds, 2.0 * old) - old)
+        if old is not None:  # NOTE: noise only adds time: falls fast, rises slowly, at most 2x
+            weight = EMA if seconds < old else EMA_UP
+            seconds = old + weight * (min(seconds, 2.0 * old) - old)
         self.seconds[key] = seconds
         self.count[key] = self.count.get(key, 0) + 1
 
@@ -74,12 +78,12 @@ class StepCosts:
         unit = self.plain(1)
         if self._line is not None:
             slope, icpt = self._line
-            return unit * max(icpt + max(slope, 0.0) * rows, 0.5)
+            return unit * max(icpt + slope * rows, 0.5)
         points = sorted((r, s, min(self.count[(v, r)], MAX_WEIGHT))
                         for (v, r), s in self.seconds.items() if v)  # fmt: skip
         if len(points) >= 2:
             self._line = slope, icpt = _line(points)
-            return unit * max(icpt + max(slope, 0.0) * rows, 0.5)
+            return unit * max(icpt + slope * rows, 0.5)
         if len(points) == 1:
             r0, s0, _ = points[0]
             return unit * max(s0 + PRIOR_ROW * (rows - r0), 0.5)
@@ -94,4 +98,5 @@ def _line(points: list[tuple[int, float, int]]) -> tuple[float, float]:
     my = sum(s * w for _, s, w in points) / total
     var = sum(w * (r - mx) ** 2 for r, _, w in points)
     slope = sum(w * (r - mx) * (s - my) for r, s, w in points) / var if var > 0 else 0.0
+    slope = max(slope, 0.0)  # NOTE: more rows never cost less: noise; then the mean, flat
     return slope, my - slope * mx

@@ -41,7 +41,7 @@ PRIOR_ACCEPT = 0.6  # p of a request never verified
 ACCEPT_EMA = 0.25  # weight of the newest draft token tried
 RECOVER = 0.02  # per skipped step, p moves this fraction of the way back to the prior
 MAX_BACKOFF = 32  # steps a failing request's drafts wait at most
-CHAIN_LIMIT = 16  # deepest chain `begin_step` considers without a row budget
+CHAIN_LIMIT = 16  # nodes of the deepest chain `begin_step` considers without other bounds
 P_MIN, P_MAX = 0.01, 0.98
 HINT_BUCKETS = 5
 # p of a bucket never verified: a longer NGRAM match is likelier in a copied passage
@@ -50,9 +50,11 @@ HINT_PRIOR = (0.5, 0.6, 0.7, 0.8, 0.9)
 
 class DraftGate:
     def __init__(
-        self, always: bool = False, measure: bool = True, max_rows: int | None = None
-    ) -> None:
+        self, always: bool = False, measure: bool = True, max_rows: int | None = None,
+        max_nodes: int = CHAIN_LIMIT,
+    ) -> None:  # fmt: skip
         self.always = always
+        self.max_nodes = max_nodes  # a draft tree's nodes, its root included (the proposer's N)
         self.max_rows = max_rows  # padded rows of a verify step (B * widest tree), None: any
         self.costs = StepCosts(measure)
         self.accept: dict[str, float] = {}  # rid -> p
@@ -81,7 +83,7 @@ class DraftGate:
             return [True] * len(rids)
         bsz = len(rids)
         plain = bsz / self.costs.plain(bsz)
-        depth = max((self.max_rows or CHAIN_LIMIT) // bsz - 1, 0)
+        depth = max(min((self.max_rows or CHAIN_LIMIT) // bsz, self.max_nodes) - 1, 0)
         costs = [self.costs.verify(bsz + d) for d in range(1, depth + 1)]
         # NOTE: a failed probe costs the whole batch a verify step: B requests probe as often
         # together as one alone

@@ -111,7 +111,8 @@ class SpeculativeStep:
         # NOTE: tensor-parallel ranks must take the same path: no wall-time decisions there.
         measure = cpu and not parallel_state().is_parallel
         always = verify_all or not cpu
-        self.gate = DraftGate(always=always, measure=measure, max_rows=SMALL_M if cpu else None)
+        self.gate = DraftGate(always=always, measure=measure, max_rows=SMALL_M if cpu else None,
+                              max_nodes=proposer.num_nodes)  # fmt: skip
 
     # ---- the step ------------------------------------------------------------------------------
     def run(self, batch: ScheduleBatch) -> None:

@@ -106,9 +106,14 @@ def test_cost_model_fits_and_priors() -> None:
     assert abs(costs.seconds[(True, 2)] - 1.2) < 1e-9  # in plain steps of one row
     assert abs(costs.verify(4) - 0.016) < 1e-9  # on the line through the measured points
     assert abs(costs.verify(6) - 0.020) < 1e-9
-    for _ in range(30):
+    for _ in range(200):
         costs.record(False, 1, 0.02)  # the machine got twice as slow: verify steps scale too
     assert abs(costs.verify(6) - 0.040) < 1e-4
+    costs.record(True, 6, 0.2)  # a spike rises slowly, at most 2x
+    assert costs.verify(6) < 0.045
+    for _ in range(30):
+        costs.record(True, 6, 0.02)  # and a quieter figure falls fast
+    assert costs.verify(6) < 0.03
 
 
 def test_host_greedy_accept_is_tree_accepts_greedy_rule() -> None:
@@ -155,3 +160,12 @@ def test_hints_keep_their_own_acceptance() -> None:
     assert verified("b", strong) >= 3 and verified("b", weak) == 0  # the buckets' priors
     gate.release("a")
     assert all(key[0] != "a" for key in gate.hinted)
+
+
+def test_a_noisy_falling_line_is_flat_at_the_mean() -> None:
+    """Verify figures that fall with rows (noise) give a flat line at their mean, not the
+    negative-slope line's intercept (which made every verify step look dearer than measured)."""
+    costs = StepCosts()
+    for key in [(False, 1, 0.010)] * 2 + [(True, 3, 0.0205)] * 2 + [(True, 4, 0.0190)] * 2:
+        costs.record(*key)
+    assert abs(costs.verify(4) - 0.01975) < 1e-9 and abs(costs.verify(12) - 0.01975) < 1e-9
