@@ -2,6 +2,8 @@
 calls `run` instead of the plain decode step).
 
 Data flow of `run(batch)`:
+    proposer.peek_hints -> gate.begin_step: no request can gain (CPU cost model, gate.py): the
+       plain decode step (step.py), nothing proposed: the same path as speculation off
     proposer.propose(reqs) -> DraftTree [B, N]
     -> per request, draft_check.check_draft: cut nodes deeper than what the request may still
        commit (max_new_tokens, the context) or rejected by its grammar; the grammar's masks of
@@ -11,9 +13,11 @@ Data flow of `run(batch)`:
     -> no request has a draft left, or the pool cannot hold the drafts' KV even after evicting:
        the plain decode step (step.py) and the one result path, one token each
     -> else one EXTEND forward over B x n rows with the tree mask (tree.verify_forward_batch;
-       n = the largest kept tree), every row's logits -> target_probs with each row's sampling
+       n = the largest kept tree; on CPU one C++ decode call over the real nodes,
+       cpu_decode.CpuDecode.verify), every row's logits -> target_probs with each row's sampling
        state (penalties, min-new-tokens ban and grammar mask in the context of the node's path)
-       -> accept_trees (greedy rows: the target's argmax path; sampled rows: exact rejection
+       -> accept_trees (greedy rows: the target's argmax path, on the host when the whole
+       batch is greedy without logprobs, greedy_accept.py; sampled rows: exact rejection
        sampling) -> commit: the accepted path's slots stay in `req_to_token`, the others are
        freed at once (tree.commit_path)
     -> the committed tokens, one at a time, through `ResultPath.append_token` (grammar accept,
