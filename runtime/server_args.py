@@ -109,6 +109,9 @@ class ServerArgs:
     speculative_num_draft_tokens: int | None = None  # tokens verified per request and step
     speculative_ngram_min_match_window_size: int = 1  # NGRAM: shortest suffix matched
     speculative_ngram_max_match_window_size: int = 12  # NGRAM: longest suffix matched
+    # Verify every draft (within the CPU row budget) instead of the cost-aware choice of what
+    # pays (runtime/speculative/gate.py): tests and acceptance measurements. radixlm's own flag.
+    speculative_verify_all: bool = False
 
     def __post_init__(self) -> None:
         if self.load_format not in LOAD_FORMATS:

@@ -176,7 +176,11 @@ class DecodeStep:
         loc: torch.Tensor,
         rows: torch.Tensor,
         lens: torch.Tensor,
+        table: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """Final hidden states [B, D] of rows `ids`; row b attends over the slots
+        `table[rows[b], :lens[b]]` (`table`: the model's `req_to_token` when None; another int32
+        table, e.g. a verify step's per-node slot rows, for this call only)."""
         lib = cl._lib()
         assert lib is not None
         b = ids.shape[0]
@@ -187,10 +191,18 @@ class DecodeStep:
         args = [t if t.dtype == torch.int64 else t.long() for t in (ids, pos, loc, rows, lens)]
         args = [t if t.is_contiguous() else t.contiguous() for t in args]
         out = torch.empty(b, self.hidden)
-        rc = lib.rl_decode_step(
-            ctypes.byref(self._model), *(t.data_ptr() for t in args), b, out.data_ptr(),
-            buf.data_ptr(),
-        )  # fmt: skip
+        m = self._model
+        if table is not None:
+            assert table.dtype == torch.int32 and table.stride(1) == 1
+            m.table, m.table_stride = table.data_ptr(), table.stride(0)
+        try:
+            rc = lib.rl_decode_step(
+                ctypes.byref(m), *(t.data_ptr() for t in args), b, out.data_ptr(),
+                buf.data_ptr(),
+            )  # fmt: skip
+        finally:
+            if table is not None:  # NOTE: back to `req_to_token` (the decode steps' table)
+                m.table, m.table_stride = self.model.table.data_ptr(), self.model.table.stride(0)
         assert rc == 0, rc  # NOTE: `supported` checked the shapes at construction
         return out
 

@@ -106,6 +106,13 @@ class TorchAttnBackend(AttentionBackend):
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         windows = sorted({s.window for s in self.layers or () if s.window is not None})
         if batch.tree_mask is not None:
+            if self.cpu_decode and self.layers_plain():
+                # NOTE: every layer runs its nodes as decode queries (`forward_verify`, or the
+                # one-call C++ step): the per-node table only, no SDPA mask.
+                table, lens = self._verify_node_rows(batch)
+                none = torch.empty(0)
+                batch.attn_metadata = _VerifyMeta(none, none, none, {}, table, lens)
+                return
             meta = self._verify_meta(batch, None)
             meta.windowed = {w: self._verify_meta(batch, w) for w in windows}
             if self.cpu_decode:
@@ -176,13 +183,16 @@ class TorchAttnBackend(AttentionBackend):
         prefixes = batch.extend_prefix_lens_cpu
         table = torch.zeros(bsz * nodes, max(prefixes) + nodes, dtype=torch.int32)
         lens = torch.empty(bsz * nodes, dtype=torch.int64)
+        ar = torch.arange(nodes, device=see.device)
+        # per node, the nodes it sees first (in index order = path order), then the others
+        order = torch.where(see, ar, ar + nodes).argsort(dim=-1)  # [B, N, N]
+        count = see.sum(-1)  # [B, N]: path lengths
         for i, (row, prefix) in enumerate(zip(batch.req_pool_indices.tolist(), prefixes)):
-            for j in range(nodes):
-                path = draft_loc[i][see[i, j]]
-                r = i * nodes + j
-                table[r, :prefix] = self.req_to_token[row, :prefix]
-                table[r, prefix : prefix + path.numel()] = path
-                lens[r] = prefix + path.numel()
+            rows = slice(i * nodes, (i + 1) * nodes)
+            table[rows, :prefix] = self.req_to_token[row, :prefix]
+            path = draft_loc[i][order[i]]
+            table[rows, prefix : prefix + nodes] = torch.where(ar < count[i, :, None], path, 0)
+            lens[rows] = prefix + count[i]
         return table, lens
 
     def _extend_meta(self, batch: ForwardBatch, window: int | None) -> _ExtendMeta:

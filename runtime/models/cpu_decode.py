@@ -129,6 +129,44 @@ class CpuDecode:
     def __call__(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor | None:
         """Final hidden states of the batch's `logits_indices` rows (all rows when None), or None
         where the C++ step does not apply (the caller runs its torch path)."""
+        step = self._step_for(attn)
+        if step is None or batch.batch_size > MAX_BATCH:
+            return None
+        out = step.step(
+            batch.input_ids, batch.positions, batch.out_cache_loc, batch.req_pool_indices,
+            batch.seq_lens,
+        )  # fmt: skip
+        if batch.logits_indices is not None:
+            out = out.index_select(0, batch.logits_indices)
+        return out if self.dtype == torch.float32 else out.to(self.dtype)
+
+    def verify(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor | None:
+        """A speculative verify forward (an EXTEND batch with a `tree_mask`) as one decode step
+        over its tree nodes: node j of request i is a decode query over the slots its path will
+        have once committed (the torch backend's per-node table, `_VerifyMeta.node_table`), so
+        each row is computed exactly as the decode step of that token would compute it. Padding
+        nodes (the rows past each request's real nodes, slot 0) are not run: their rows are 0.
+        Hidden states of every row [B * N, D], or None where the C++ step does not apply.
+        # NOTE: the C++ step stores every row's K/V of a layer before any row attends, so a node
+        # sees its ancestors' K/V written in this same call."""
+        meta = batch.attn_metadata
+        table = getattr(meta, "node_table", None)
+        step = self._step_for(attn)
+        if step is None or table is None or batch.tree_mask is None:
+            return None
+        loc = batch.out_cache_loc
+        real = (loc != 0).nonzero().view(-1)  # NOTE: alloc_draft_slots gives padding slot 0
+        if real.numel() > MAX_BATCH or batch.logits_indices is not None:
+            return None
+        out = step.step(
+            batch.input_ids.index_select(0, real), batch.positions.index_select(0, real),
+            loc.index_select(0, real), real, meta.node_lens.index_select(0, real), table,
+        )  # fmt: skip
+        full = out.new_zeros(loc.shape[0], out.shape[1])
+        full.index_copy_(0, real, out)
+        return full if self.dtype == torch.float32 else full.to(self.dtype)
+
+    def _step_for(self, attn: AttentionBackend) -> dk.DecodeStep | None:
         if attn is not self._attn:
             self._attn = attn
             spec = describe(self.model, attn)
@@ -137,12 +175,4 @@ class CpuDecode:
                 "CPU decode: %s",
                 "one C++ call per step" if spec else "layer by layer (model or pool not covered)",
             )
-        if self._step is None or batch.batch_size > MAX_BATCH:
-            return None
-        out = self._step.step(
-            batch.input_ids, batch.positions, batch.out_cache_loc, batch.req_pool_indices,
-            batch.seq_lens,
-        )  # fmt: skip
-        if batch.logits_indices is not None:
-            out = out.index_select(0, batch.logits_indices)
-        return out if self.dtype == torch.float32 else out.to(self.dtype)
+        return self._step

@@ -7,7 +7,8 @@ into one matmul each; weights load from Hugging Face names (see `load_weights`, 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +25,9 @@ from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.models.config import ModelConfig
 from radixlm.runtime.models.linear import Linear
 from radixlm.runtime.models.rotary import RotaryEmbedding
+
+if TYPE_CHECKING:
+    from radixlm.runtime.models.cpu_decode import CpuDecode
 
 
 class RMSNorm(nn.Module):
@@ -175,8 +179,9 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     # NOTE: set on CPU after loading (runtime/models/cpu_decode.py): runs a decode batch's whole
-    # forward in one C++ call, or returns None to leave it to the layers below.
-    cpu_decode: Callable[[ForwardBatch, AttentionBackend], torch.Tensor | None] | None = None
+    # forward (or a CPU verify step's tree nodes, `CpuDecode.verify`) in one C++ call, or returns
+    # None to leave it to the layers below.
+    cpu_decode: CpuDecode | None = None
     # NOTE: opt-in hidden-state capture for draft heads (EAGLE / EAGLE-3; set through
     # `ModelRunner.set_hidden_capture`): the layer indices whose INPUT (hidden + residual) is kept,
     # `num_hidden_layers` meaning the final normed output. With it on, every forward stores
@@ -224,6 +229,10 @@ class LlamaForCausalLM(nn.Module):
             return self._forward_capturing(batch, attn, capture)
         if batch.is_decode and self.cpu_decode is not None:
             out = self.cpu_decode(batch, attn)  # the whole step in one C++ call (CPU)
+            if out is not None:
+                return out
+        if batch.tree_mask is not None and self.cpu_decode is not None:
+            out = self.cpu_decode.verify(batch, attn)  # a verify step's nodes as decode rows
             if out is not None:
                 return out
         hidden = self.embed_tokens(batch.input_ids)

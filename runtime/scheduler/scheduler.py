@@ -83,7 +83,8 @@ class Scheduler:
         self.spec = None
         if proposer is not None:
             self.spec = SpeculativeStep(proposer, self.step, self.results, self.queues,
-                                        self.grammars, self.context_len, self.stats)  # fmt: skip
+                                        self.grammars, self.context_len, self.stats,
+                                        args.speculative_verify_all)  # fmt: skip
         overlap = not args.disable_overlap_schedule and (
             self.device.type == "cuda" or args.overlap_schedule_on_cpu
         )  # NOTE: on CPU the forward is synchronous: launching ahead only delays each token

@@ -13,6 +13,9 @@ token): a DETERMINISTIC tree (tree_accept.py), a chain when one candidate is fou
 candidate keeps the longest branch; every other candidate gets at least its first differing
 token, then the budget left, in order.
 
+`hints` (proposer.py): per request, the window length of its first candidate's match, a sign
+of the draft's quality (a long match is in a copied passage).
+
 Ownership: the proposer owns its indexes (keyed by the request's id, dropped by `release`); it
 only reads `Req.fill_ids`. Jump-forward may replace the tail of a request's output: the index
 remembers a few of the last tokens it indexed and rebuilds itself when they changed.
@@ -44,6 +47,7 @@ class NgramIndex:
         self.keep = keep
         self.tokens: list[int] = []
         self.table: dict[tuple[int, ...], list[int]] = {}
+        self.matched = 0  # the window of the last `candidates` call's first candidate (0: none)
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Make the index cover `tokens` (which extend what it covers; otherwise it rebuilds)."""
@@ -64,30 +68,44 @@ class NgramIndex:
                 if len(hits) > self.keep:
                     del hits[0]
 
+    def longest_match(self) -> int:
+        """The longest window (`min_n..max_n`) whose n-gram ending the tokens occurred before
+        (0: none): what `candidates` would match first."""
+        own = self.tokens
+        for n in range(min(self.max_n, len(own)), self.min_n - 1, -1):
+            if self.table.get(tuple(own[len(own) - n :])):
+                return n
+        return 0
+
     def candidates(self, limit: int, length: int) -> list[list[int]]:
         """Continuations (up to `length` tokens each, at most `limit` distinct starts) of the
         current suffix: longest matching window first, most recent occurrence first."""
         own = self.tokens
         out: list[list[int]] = []
         starts: set[int] = set()
+        self.matched = 0
         for n in range(min(self.max_n, len(own)), self.min_n - 1, -1):
             for start in reversed(self.table.get(tuple(own[len(own) - n :]), ())):
                 if start in starts:
                     continue
                 starts.add(start)
+                self.matched = self.matched or n
                 out.append(own[start : start + length])
                 if len(out) == limit:
                     return out
         return out
 
 
-def merge_candidates(cands: Sequence[Sequence[int]], budget: int) -> tuple[list[int], list[int]]:
+def merge_candidates(
+    cands: Sequence[Sequence[int]], budget: int, reserve_alternates: bool = True
+) -> tuple[list[int], list[int]]:
     """A trie of the candidates under a root (node 0): (tokens, parents) of at most `budget` + 1
     nodes in topological order. The first candidate is cut so that each later one can still add
-    one node; later ones then take what is left, in order."""
+    one node (with `reserve_alternates`; else it takes what it can first); later ones then take
+    what is left, in order."""
     tokens, parents = [-1], [-1]
     children: dict[tuple[int, int], int] = {}
-    reserve = min(max(len(cands) - 1, 0), budget // 2)
+    reserve = min(max(len(cands) - 1, 0), budget // 2) if reserve_alternates else 0
     for k, cand in enumerate(cands):
         room = budget - (len(tokens) - 1) - (reserve if k == 0 else 0)
         node = 0
@@ -107,27 +125,45 @@ def merge_candidates(cands: Sequence[Sequence[int]], budget: int) -> tuple[list[
 
 class NgramProposer(Proposer):
     kind = DraftKind.DETERMINISTIC
+    needs_verified = False  # NOTE: `propose` indexes `req.fill_ids` itself
 
-    def __init__(self, num_nodes: int, min_window: int, max_window: int, breadth: int) -> None:
+    def __init__(
+        self, num_nodes: int, min_window: int, max_window: int, breadth: int,
+        reserve_alternates: bool = True,
+    ) -> None:  # fmt: skip
         self.num_nodes = num_nodes
+        # NOTE: False on CPU with the cost-aware gate (setup.py): a verify row costs almost a
+        # decode row there, the gate keeps the likeliest nodes, and those are the first
+        # candidate's chain while drafts are accepted.
+        self.reserve_alternates = reserve_alternates
         self.min_window = min_window
         self.max_window = max_window
         self.breadth = breadth
         self.indexes: dict[str, NgramIndex] = {}
 
+    def index_of(self, req: Req) -> NgramIndex:
+        """`req`'s index, brought up to its tokens."""
+        index = self.indexes.get(req.rid)
+        if index is None:
+            index = self.indexes[req.rid] = NgramIndex(
+                self.min_window, self.max_window, self.breadth
+            )
+        index.extend(req.fill_ids)
+        return index
+
+    def peek_hints(self, reqs: Sequence[Req]) -> list[int]:
+        return [self.index_of(req).longest_match() if self.num_nodes > 1 else 0 for req in reqs]
+
     def propose(self, reqs: Sequence[Req]) -> DraftTree:
         n = self.num_nodes
         tokens = torch.zeros(len(reqs), n, dtype=torch.int64)
         parents = torch.full((len(reqs), n), -1, dtype=torch.int64)
+        self.hints = []
         for i, req in enumerate(reqs):
-            index = self.indexes.get(req.rid)
-            if index is None:
-                index = self.indexes[req.rid] = NgramIndex(
-                    self.min_window, self.max_window, self.breadth
-                )
-            index.extend(req.fill_ids)
+            index = self.index_of(req)
             cands = index.candidates(self.breadth, n - 1) if n > 1 else []
-            toks, pars = merge_candidates(cands, n - 1)
+            self.hints.append(index.matched if cands else 0)
+            toks, pars = merge_candidates(cands, n - 1, self.reserve_alternates)
             toks[0] = req.last_token
             tokens[i, : len(toks)] = torch.tensor(toks)
             parents[i, : len(pars)] = torch.tensor(pars)

@@ -15,7 +15,8 @@ What the speculative step (spec_step.py) guarantees a proposer:
   be cut before verification (depth left to the request, its grammar, the CPU row budget), never
   reordered. `result` in `on_verified` uses the proposer's own node numbering (cut nodes never
   appear on a path) and `hidden` its layout ([B * N, H], zero rows for cut nodes).
-- Every decode step ends with `on_verified`: a step that verified no draft (nothing proposed,
+- Every decode step ends with `on_verified` (unless `needs_verified` is False: then never): a
+  step that verified no draft (nothing proposed,
   everything cut, or no KV room) is reported as root-only trees (path [0], the sampled token as
   the bonus, `hidden` at each root's row). So the committed tokens of all steps reach the hooks.
 - Every extend step (a prefill, a chunk of one, the re-extend of a retracted or jump-forwarded
@@ -58,11 +59,22 @@ class Proposer(ABC):
     num_nodes: int
     # Whether `on_prefilled` / `on_verified` need the target's hidden states.
     needs_hidden: bool = False
+    # Whether `on_verified` is called at all (False: never, for proposers that read each
+    # request's tokens themselves, like NGRAM; the step then skips building its arguments).
+    needs_verified: bool = True
+    # After `propose`: per request, a small int that sorts drafts by expected quality (NGRAM: the
+    # matched window's length), which the draft gate keeps acceptance statistics by; None: none.
+    hints: list[int] | None = None
 
     @abstractmethod
     def propose(self, reqs: Sequence[Req]) -> DraftTree:
         """Draft trees for `reqs` (each decoding: `fill_ids[-1]` is its root). A request with
         nothing to propose gets the root alone (every other node padding)."""
+
+    def peek_hints(self, reqs: Sequence[Req]) -> list[int] | None:
+        """The `hints` that `propose(reqs)` would give, cheaply, before deciding to propose
+        (None: this proposer gives none). 0: nothing to propose for that request."""
+        return None
 
     def on_prefilled(self, reqs: Sequence[Req], hidden: torch.Tensor | None) -> None:  # noqa: B027
         """`reqs` finished (a chunk of) their prefill; `hidden` covers the extend rows."""

@@ -4,7 +4,8 @@ or refused by name at start-up.
 `make_proposer(args, runner)` -> `Proposer | None` (None: speculation off). The scheduler calls it
 once, at start-up, with the target's `ModelRunner` (a draft model or an EAGLE head needs its
 device, dtype, config and, for EAGLE, its embedding and LM head). Defaults follow SGLang's for
-NGRAM: `num_draft_tokens` = the max match window (12), breadth (`--speculative-eagle-topk`) 10;
+NGRAM: `num_draft_tokens` = the max match window (12), breadth (`--speculative-eagle-topk`) 10
+(on CPU with the cost-aware gate, the first candidate's chain takes the budget first, ngram.py);
 STANDALONE / EAGLE / EAGLE3: draft_setup.py (3 steps, topk 1, every node of the chain).
 """
 
@@ -35,11 +36,13 @@ def make_proposer(args: ServerArgs, runner: Any) -> Proposer | None:
                 f"speculative_num_draft_tokens must be at most {MAX_TREE_NODES}",
                 "speculative_num_draft_tokens",
             )
+        cpu = runner is not None and runner.device.type == "cpu"
         return NgramProposer(
             num_nodes=nodes,
             min_window=args.speculative_ngram_min_match_window_size,
             max_window=hi,
             breadth=args.speculative_eagle_topk or NGRAM_DEFAULT_BREADTH,
+            reserve_alternates=not cpu or args.speculative_verify_all,
         )
     from radixlm.runtime.speculative.draft_setup import build_draft_proposer, draft_shape
 

@@ -2,17 +2,22 @@
 calls `run` instead of the plain decode step).
 
 Data flow of `run(batch)`:
+    proposer.peek_hints -> gate.begin_step: no request can gain (CPU cost model, gate.py): the
+       plain decode step (step.py), nothing proposed: the same path as speculation off
     proposer.propose(reqs) -> DraftTree [B, N]
     -> per request, draft_check.check_draft: cut nodes deeper than what the request may still
        commit (max_new_tokens, the context) or rejected by its grammar; the grammar's masks of
-       the kept nodes' states are built on the way; a request whose recent drafts were rejected
-       gets none for a while (gate.py); on CPU the batch's drafts are cut to a row budget
+       the kept nodes' states are built on the way; then the gate (gate.py) keeps of each tree
+       the nodes worth their verify rows (expected accepted tokens per second, from each
+       request's acceptance rate and the measured step costs; on GPU: all of them)
     -> no request has a draft left, or the pool cannot hold the drafts' KV even after evicting:
        the plain decode step (step.py) and the one result path, one token each
     -> else one EXTEND forward over B x n rows with the tree mask (tree.verify_forward_batch;
-       n = the largest kept tree), every row's logits -> target_probs with each row's sampling
+       n = the largest kept tree; on CPU one C++ decode call over the real nodes,
+       cpu_decode.CpuDecode.verify), every row's logits -> target_probs with each row's sampling
        state (penalties, min-new-tokens ban and grammar mask in the context of the node's path)
-       -> accept_trees (greedy rows: the target's argmax path; sampled rows: exact rejection
+       -> accept_trees (greedy rows: the target's argmax path, on the host when the whole
+       batch is greedy without logprobs, greedy_accept.py; sampled rows: exact rejection
        sampling) -> commit: the accepted path's slots stay in `req_to_token`, the others are
        freed at once (tree.commit_path)
     -> the committed tokens, one at a time, through `ResultPath.append_token` (grammar accept,
@@ -49,6 +54,7 @@ from radixlm.runtime.scheduler.schedule_batch import ScheduleBatch
 from radixlm.runtime.scheduler.step import ModelStep, StepTokens
 from radixlm.runtime.speculative.draft_check import CheckedDraft, check_draft
 from radixlm.runtime.speculative.gate import DraftGate
+from radixlm.runtime.speculative.greedy_accept import accept_greedy, greedy_best
 from radixlm.runtime.speculative.layouts import in_proposer_layout, kept_probs, plain_result
 from radixlm.runtime.speculative.proposer import Proposer
 from radixlm.runtime.speculative.tree import (
@@ -87,6 +93,7 @@ class SpeculativeStep:
         grammars: Any,  # constrained/manager.py `GrammarManager`
         context_len: int,
         stats: dict[str, Any],
+        verify_all: bool = False,
     ) -> None:
         self.proposer = proposer
         self.step = step
@@ -100,14 +107,16 @@ class SpeculativeStep:
         self.stats = stats
         self.device = step.device
         self.active: dict[str, Req] = {}
-        # NOTE: on CPU a verify forward costs more than the fused decode step (gate.py), and
-        # above `SMALL_M` rows its linear layers leave the small-batch kernels: a verify step
-        # keeps to that many rows there (`within_budget`).
+        # NOTE: on CPU a verify row costs almost a decode row (compute-bound at small batch) and
+        # above `SMALL_M` rows the linear layers leave the small-batch kernels: the gate weighs
+        # each draft node's expected gain against the measured cost of its row (gate.py) and a
+        # verify step keeps to `SMALL_M` rows. On GPU every draft is verified.
         cpu = self.device.type == "cpu"
         # NOTE: tensor-parallel ranks must take the same path: no wall-time decisions there.
-        adaptive = cpu and not parallel_state().is_parallel
-        self.gate = DraftGate(min_accepted=1 if cpu else 0, adaptive=adaptive)
-        self.max_rows = SMALL_M if cpu else None
+        measure = cpu and not parallel_state().is_parallel
+        always = verify_all or not cpu
+        self.gate = DraftGate(always=always, measure=measure, max_rows=SMALL_M if cpu else None,
+                              max_nodes=proposer.num_nodes)  # fmt: skip
 
     # ---- the step ------------------------------------------------------------------------------
     def run(self, batch: ScheduleBatch) -> None:
@@ -118,41 +127,36 @@ class SpeculativeStep:
             self.active[req.rid] = req
             if req.spec_verify_ct is None:
                 req.spec_verify_ct = req.spec_committed = 0
-        draft = self.proposer.propose(reqs)
-        width = draft.tokens.shape[1]
-        masks = None
-        if any(r.grammar is not None for r in reqs):
-            masks = torch.full((len(reqs), width, self.grammars.words), -1, dtype=torch.int32)
-        checked = [
-            self.check(req, draft, i, None if masks is None else masks[i])
-            for i, req in enumerate(reqs)
-        ]
-        checked = self.within_budget(checked)
-        verified = any(len(c.kept) > 1 for c in checked) and self.verify(
-            batch, draft, checked, masks
-        )
+        peek = None if self.gate.always else self.proposer.peek_hints(reqs)
+        allowed = self.gate.begin_step([r.rid for r in reqs], peek)
+        verified, rows = False, len(reqs)
+        width = self.proposer.num_nodes
+        if any(allowed):  # NOTE: else no request can gain: the plain step, nothing proposed
+            draft = self.proposer.propose(reqs)
+            width = draft.tokens.shape[1]
+            masks = None
+            if any(r.grammar is not None for r in reqs):
+                masks = torch.full((len(reqs), width, self.grammars.words), -1, dtype=torch.int32)
+            checked = [
+                self.check(req, draft, i, None if masks is None else masks[i])
+                for i, req in enumerate(reqs)
+            ]
+            if any(len(c.kept) > 1 for c in checked):
+                hints = self.proposer.hints
+                checked = self.gate.plan([r.rid for r in reqs], checked, allowed, hints)
+            rows = sum(len(c.kept) for c in checked)
+            verified = rows > len(reqs) and self.verify(batch, draft, checked, masks)
         if not verified:
             self.plain_decode(batch, width)
-        self.gate.record(verified, time.perf_counter() - start)
+        self.gate.record(verified, rows if verified else len(reqs), time.perf_counter() - start)
         self.release_gone(self.queues.running)
 
     def check(self, req: Req, draft: DraftTree, i: int, mask: torch.Tensor | None) -> CheckedDraft:
         room = min(req.remaining_new_tokens(), self.context_len - req.seqlen)
-        if not self.gate.allows(req.rid):
-            room = 0
         return check_draft(
             draft.tokens[i].tolist(), draft.parents[i].tolist(), max(room - 1, 0),
             req.grammar, mask,
         )  # fmt: skip
-
-    def within_budget(self, checked: list[CheckedDraft]) -> list[CheckedDraft]:
-        """Cut the drafts so that the verify forward has at most `max_rows` rows: every request
-        is padded to the widest tree, so each keeps the first `max_rows // B` nodes of its tree
-        (a prefix of a topological order is a tree; 1: the root alone)."""
-        if self.max_rows is None:
-            return checked
-        width = max(1, self.max_rows // max(len(checked), 1))
-        return [CheckedDraft(c.kept[:width], c.tokens[:width], c.parents[:width]) for c in checked]
 
     def plain_decode(self, batch: ScheduleBatch, width: int) -> None:
         """One token per request (no drafts), through the plain step and result path; the
@@ -164,7 +168,8 @@ class SpeculativeStep:
             req.spec_committed += 1
         self.results.apply(out)
         assert out.next_ids is not None
-        self.proposer.on_verified(batch.reqs, *plain_result(out.next_ids, hidden, width))
+        if self.proposer.needs_verified:
+            self.proposer.on_verified(batch.reqs, *plain_result(out.next_ids, hidden, width))
         self.stats["spec_verify_steps"] += 1
         self.stats["spec_committed_tokens"] += len(batch.reqs)
 
@@ -206,15 +211,23 @@ class SpeculativeStep:
             sb.set_vocab_mask((masks[:, :n].reshape(bsz * n, -1).to(self.device), None))
         top_n = max((r.top_logprobs_num for r in reqs), default=0)
         want_lp = top_n > 0 or any(r.return_logprob for r in reqs)
-        target = target_probs(logits, sb, want_lp)
-        tree = DraftTree(tokens.to(self.device), parents.to(self.device),
-                         kept_probs(draft, checked, n), draft.kind)  # fmt: skip
-        result = accept_trees(tree, target, [r.generator for r in reqs])
-        self.commit(reqs, prefix, loc, parents, result, target.logprobs, top_n)
+        target_lp = None
+        if sb.all_greedy and not want_lp and self.device.type == "cpu":
+            # NOTE: the greedy rule on the host, no [rows, V] distributions (greedy_accept.py)
+            best = greedy_best(logits, sb).view(bsz, n)
+            result = accept_greedy(best.tolist(), tokens.tolist(), parents.tolist())
+        else:
+            target = target_probs(logits, sb, want_lp)
+            tree = DraftTree(tokens.to(self.device), parents.to(self.device),
+                             kept_probs(draft, checked, n), draft.kind)  # fmt: skip
+            result = accept_trees(tree, target, [r.generator for r in reqs])
+            target_lp = target.logprobs
+        self.commit(reqs, prefix, loc, parents, result, target_lp, top_n)
         self.stats["spec_verify_steps"] += 1
         self.stats["spec_draft_tokens"] += sum(counts) - bsz
-        self.proposer.on_verified(reqs, *in_proposer_layout(result, captured, checked, draft,
-                                                            self.needs_hidden))  # fmt: skip
+        if self.proposer.needs_verified:
+            self.proposer.on_verified(reqs, *in_proposer_layout(result, captured, checked, draft,
+                                                                self.needs_hidden))  # fmt: skip
         live = [r for r in reqs if not r.finished] if masks is not None else []
         if live and self.grammars.jump_forward_enabled:
             self.results.jump_forward(live)
@@ -248,6 +261,9 @@ class SpeculativeStep:
         toks = result.tokens.tolist()
         lps = result.logprobs.tolist() if result.logprobs is not None else None
         n = parents.shape[1]
+        pars = parents.tolist()
+        hints = self.proposer.hints
+        drafted = [sum(1 for p in row if p >= 0) for row in pars]
         for i, req in enumerate(reqs):
             a = num_acc[i]
             path = paths[i][: a + 1]
@@ -271,7 +287,9 @@ class SpeculativeStep:
             req.spec_verify_ct += 1
             req.spec_committed += appended
             self.stats["spec_committed_tokens"] += appended
-            self.gate.update(req.rid, int((parents[i] >= 0).sum()), a)
+            if drafted[i]:
+                hint = None if hints is None else hints[i]
+                self.gate.update(req.rid, a, path[-1] in pars[i], hint)
 
     def drop_uncommitted(self, req: Req) -> None:
         """A request stopped inside its committed tokens: free the KV past its last output

@@ -51,6 +51,9 @@ def test_merge_is_a_trie_within_budget() -> None:
     # the shared prefix 1, 2 is one branch; 9 and 7 each got a node
     assert tokens.count(1) == 1 and 9 in tokens and 7 in tokens
     assert merge_candidates([[4, 4, 4]], budget=8) == ([-1, 4, 4, 4], [-1, 0, 1, 2])
+    # chain first (CPU, cost-aware gate): the first candidate takes the budget, then the others
+    chain = merge_candidates([[1, 2, 3, 4, 5], [1, 2, 9], [7]], budget=5, reserve_alternates=False)
+    assert chain == ([-1, 1, 2, 3, 4, 5], [-1, 0, 1, 2, 3, 4])
     assert merge_candidates([], budget=8) == ([-1], [-1])
 
 
@@ -75,6 +78,7 @@ def test_proposer_shapes_and_release() -> None:
     check_parents(tree.parents)
     assert tree.tokens[0, :3].tolist() == [2, 3, 1]  # (1, 2) was followed by 3, 1, 2
     assert tree.parents[1].tolist() == [-1] * 6  # nothing repeats: the root alone
+    assert prop.hints == [2, 0]  # the matched windows: (1, 2), none
     prop.release(reqs[0])
     assert set(prop.indexes) == {"b"}
 
@@ -140,44 +144,3 @@ def test_check_draft_cuts_by_depth_and_grammar() -> None:
     assert rows[: len(out.kept), 0].tolist() == [0, 1, 2, 2, 3]  # each node's depth state
     shallow = check_draft(tokens, parents, max_depth=1)
     assert shallow.kept == [0, 1, 2]
-
-
-def test_gate_backs_off_and_resets() -> None:
-    from radixlm.runtime.speculative.gate import MAX_BACKOFF, DraftGate
-
-    gate = DraftGate(min_accepted=1)
-    pattern = []
-    for _ in range(40):
-        ok = gate.allows("a")
-        pattern.append(ok)
-        if ok:
-            gate.update("a", drafted=4, accepted=0)
-    # drafts at steps 0, 2, 5, 10, 19, 36: waits of 1, 2, 4, 8, 16 plain steps
-    assert [k for k, ok in enumerate(pattern) if ok] == [0, 2, 5, 10, 19, 36]
-    gate = DraftGate(min_accepted=1)
-    gate.update("a", drafted=4, accepted=0)
-    gate.update("a", drafted=4, accepted=0)
-    assert [gate.allows("a") for _ in range(3)] == [False, False, True]
-    gate.update("a", drafted=4, accepted=2)  # an accepted draft resets the back-off
-    assert gate.allows("a") and "a" not in gate.backoff
-    gate.update("a", drafted=4, accepted=0)
-    assert [gate.allows("a") for _ in range(2)] == [False, True]
-    for _ in range(20):
-        gate.update("b", drafted=3, accepted=0)
-    assert gate.backoff["b"] == MAX_BACKOFF
-    gate.release("b")
-    assert gate.allows("b")
-    assert DraftGate(min_accepted=0).allows("c")  # never backs off
-
-
-def test_adaptive_gate_follows_the_measured_cost() -> None:
-    from radixlm.runtime.speculative.gate import DraftGate
-
-    gate = DraftGate(min_accepted=1, adaptive=True)
-    gate.record(False, 0.01)
-    assert gate.min_accepted == 1  # no verify step measured yet
-    gate.record(True, 0.035)  # a verify step costs 3.5 plain ones: 3 extra tokens to pay
-    assert gate.min_accepted == 3
-    for _ in range(100):
-        gate.record(True, 0.012)  # the average moves to the new cost
-    assert gate.min_accepted == 1

@@ -79,8 +79,7 @@ def run_all(s: Scheduler) -> dict[str, io.ReqOut]:
 def every_draft(s: Scheduler) -> None:
     """Verify every draft: no CPU row budget, no back-off (deterministic acceptance figures)."""
     assert s.spec is not None
-    s.spec.max_rows = None
-    s.spec.gate = DraftGate(min_accepted=0)
+    s.spec.gate = DraftGate(always=True)
 
 
 def ids_of(outs: dict[str, io.ReqOut]) -> dict[str, list[int]]:
@@ -175,7 +174,11 @@ def test_drafts_of_every_quality_give_the_plain_tokens(plain, tree) -> None:
     assert all(prop.committed[r][: len(ids) - 1] == ids[1:] for r, ids in plain.items())
 
 
-def test_ngram_gives_the_plain_tokens() -> None:
+@pytest.mark.parametrize("measure", [False, True])
+def test_ngram_gives_the_plain_tokens(measure: bool) -> None:
+    """The real NGRAM proposer and gate, a batch of 4: the priors alone (deterministic: drafts
+    are verified) and the measured step costs (whatever it chooses, the tokens are the same)."""
+
     def reqs(s: Scheduler) -> None:
         for k in range(4):
             ids = (prompt(k, 9) * 6)[:50] if k % 2 == 0 else prompt(k, 30)
@@ -197,10 +200,13 @@ def test_ngram_gives_the_plain_tokens() -> None:
             return forward(fb)
 
     on.spec.runner = Recording()
+    on.spec.gate = DraftGate(measure=measure, max_rows=16)
     reqs(on)
     assert ids_of(run_all(on)) == want
-    assert rows and max(rows) <= on.spec.max_rows == 16
-    assert on.stats["spec_verify_steps"] > 0 and on.stats["spec_draft_tokens"] > 0
+    assert rows and max(rows) <= on.spec.gate.max_rows == 16
+    assert on.stats["spec_verify_steps"] > 0
+    if not measure:  # NOTE: the cost priors: deterministic, and drafts pay under them
+        assert on.stats["spec_draft_tokens"] > 0
 
 
 def test_stops_and_lengths_inside_committed_tokens(plain) -> None:
@@ -314,8 +320,6 @@ def test_sampling_keeps_the_target_distribution() -> None:
                              self.kind)  # fmt: skip
 
     every_draft(s)
-
-    s.spec.max_rows = None
     s.spec.proposer = Fixed()
     samples = 3000
     for k in range(samples):
@@ -368,3 +372,27 @@ def test_triton_attention_backend(plain) -> None:
         return out
 
     assert run(True) == run(False)
+
+
+def test_no_gain_runs_the_plain_step_without_proposing(plain) -> None:
+    """When the gate's cost model says no draft can pay (verify rows far dearer than a plain
+    step), the step is the plain decode step: nothing proposed, nothing verified, same tokens."""
+
+    class Dear:
+        def record(self, verify: bool, rows: int, seconds: float) -> None: ...
+
+        def plain(self, rows: int) -> float:
+            return 1.0
+
+        def verify(self, rows: int) -> float:
+            return 100.0
+
+    s = make_scheduler(speculative_algorithm="NGRAM")
+    assert s.spec is not None
+    s.spec.gate.costs = Dear()  # type: ignore[assignment]
+    proposed: list[int] = []
+    propose = s.spec.proposer.propose
+    s.spec.proposer.propose = lambda reqs: proposed.append(len(reqs)) or propose(reqs)  # type: ignore[method-assign]
+    submit(s)
+    assert ids_of(run_all(s)) == plain
+    assert proposed == [] and s.stats["spec_draft_tokens"] == 0
