@@ -117,25 +117,32 @@ def test_abort_storm(tiny_server, run_requests):
         assert ok.status_code == 200 and ok.json()["meta_info"]["completion_tokens"] == 3
 
 
-def test_dead_scheduler_is_reported_and_nothing_hangs(server, metric_value):
-    info = server.info()
+def _in_flight(server, params: dict) -> tuple[list[threading.Thread], dict[str, object]]:
+    """A stream (its first event already received on return) and a blocking request, both with
+    `params`, in threads; each thread leaves its outcome in the returned dict."""
     results: dict[str, object] = {}
     streaming = threading.Event()
 
     def stream() -> None:
-        body = {"text": "Tell a story.", "stream": True, "sampling_params": KILL}
+        body = {"text": "Tell a story.", "stream": True, "sampling_params": params}
         with server.client.stream("POST", "/generate", json=body) as resp:
             results["stream"] = list(sse_events(_mark(resp.iter_lines(), streaming)))
 
     def blocking() -> None:
         results["plain"] = server.client.post(
-            "/generate", json={"text": "Another.", "sampling_params": KILL}
+            "/generate", json={"text": "Another.", "sampling_params": params}
         )
 
     threads = [threading.Thread(target=stream), threading.Thread(target=blocking)]
     for t in threads:
         t.start()
     assert streaming.wait(60)
+    return threads, results
+
+
+def test_dead_scheduler_is_reported_and_nothing_hangs(server, metric_value):
+    info = server.info()
+    threads, results = _in_flight(server, KILL)
     os.kill(info["scheduler_pid"], signal.SIGKILL)
     killed = time.monotonic()
     # the watchdog's next check (every 0.5 s, docs/server.md) sees it; the bound is a failsafe
@@ -167,25 +174,8 @@ def test_dead_detokenizer_is_reported_like_a_dead_scheduler(start_server, tiny_m
     server = start_server(
         *tiny_model_args, "--context-length", "32768", "--max-total-tokens", "65536"
     )
-    endless = {"max_new_tokens": 30000, "ignore_eos": True}
     info = server.info()
-    results: dict[str, object] = {}
-    streaming = threading.Event()
-
-    def stream() -> None:
-        body = {"text": "Tell a story.", "stream": True, "sampling_params": endless}
-        with server.client.stream("POST", "/generate", json=body) as resp:
-            results["stream"] = list(sse_events(_mark(resp.iter_lines(), streaming)))
-
-    def blocking() -> None:
-        results["plain"] = server.client.post(
-            "/generate", json={"text": "Another.", "sampling_params": endless}
-        )
-
-    threads = [threading.Thread(target=stream), threading.Thread(target=blocking)]
-    for t in threads:
-        t.start()
-    assert streaming.wait(60)
+    threads, results = _in_flight(server, {"max_new_tokens": 30000, "ignore_eos": True})
     wait_until(lambda: server.info()["num_running"] == 2, "both requests running")
     os.kill(info["detokenizer_pid"], signal.SIGKILL)
     wait_until(lambda: httpx.get(server.base_url + "/health").status_code == 503, "/health 503")
