@@ -36,7 +36,15 @@ _SOURCES = [
 ]
 _HEADERS = [
     os.path.join(_DIR, f)
-    for f in ("linear_simd.h", "kquants.h", "q8dot.h", "gemv.h", "attention.h", "activation.h")
+    for f in (
+        "linear_simd.h",
+        "kquants.h",
+        "q8dot.h",
+        "q8pack.h",
+        "gemv.h",
+        "attention.h",
+        "activation.h",
+    )
 ]
 _AVX2 = ["-mavx2", "-mfma", "-mf16c"]
 _AVX512 = [*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]

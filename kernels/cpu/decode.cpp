@@ -88,6 +88,8 @@ struct Phases {
   }
 };
 
+// NOTE: a multiple of PACK_ROWS: a chunk of a packed part is whole groups (decode.py checks the
+// parts start on a group).
 static constexpr int64_t ROWS_PER_CHUNK = 32;  // weight rows per claimed chunk of a linear
 static constexpr int64_t PHASES_PER_LAYER = 8;
 
@@ -120,7 +122,7 @@ static void linear_rows(const RlLinear& L, const XForms& x, int64_t M, int64_t n
 
 // x in the forms L's parts read (its per-32 sums, its Q8 form), in this thread's buffer.
 static XForms forms_of(const RlLinear& L, const float* x, int64_t M, XBuf& buf) {
-  return buf.prepare(x, M, L.K, linear_needs(L, needs_xsum), linear_needs(L, is_q8_block));
+  return buf.prepare(x, M, L.K, linear_needs(L, needs_xsum), linear_needs(L, reads_q8));
 }
 
 // out = w * (h / sqrt(mean(h^2) + eps)) of one row h [D].

@@ -100,9 +100,13 @@ class _Model(ctypes.Structure):
 
 
 def _check_linear(spec: LinearSpec) -> bool:
+    base = 0
     for w, qtype in spec.parts:
         if not w.is_contiguous():
             return False
+        if qtype >= cl.QPACK and base % cl.PACK_ROWS:
+            return False  # NOTE: the step's row chunks must meet a packed part on its groups
+        base += w.shape[0]
         if qtype < 0 and w.dtype not in cl._WTYPES:
             return False
         if qtype >= 0 and (qtype not in cl.BLOCK_BYTES or spec.k % cl.BLOCK_ELEMS[qtype]):

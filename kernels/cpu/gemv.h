@@ -30,6 +30,7 @@ static inline bool is_kquant(int q) { return q == Q4_K || q == Q5_K || q == Q6_K
 static inline int block_elems(int q) { return is_kquant(q) ? 256 : 32; }
 static inline int block_bytes(int q) {
   if (is_kquant(q)) return kq_block_bytes(q);
+  if (is_packed(q)) q -= QPACK;  // the same bytes per block, 16 rows interleaved
   switch (q) {
     case Q8_0: return 34;
     case Q4_1: return 20;
@@ -38,7 +39,9 @@ static inline int block_bytes(int q) {
   }
   return 18;  // Q4_0
 }
-static inline bool known_qtype(int q) { return is_q8_block(q) || is_kquant(q); }
+static inline bool known_qtype(int q) { return is_q8_block(q) || is_packed(q) || is_kquant(q); }
+// Whether a block type reads x in the Q8 form (q8dot.h, q8pack.h).
+static inline bool reads_q8(int q) { return is_q8_block(q) || is_packed(q); }
 // Whether a block type reads the per-32 sums of fp32 x (K-quants with a min term).
 static inline bool needs_xsum(int q) { return q == Q4_K || q == Q5_K; }
 
@@ -61,11 +64,12 @@ struct XForms {
   const int8_t* q8;   // [M, K] or null
   const float* d8;    // [M, K / 32]
   const float* s8;
+  const int32_t* si;
 
   XForms from_row(int64_t m, int64_t K) const {  // the same forms of rows [m, M)
     const int64_t nb = K / 32;
     return {x + m * K, xsum ? xsum + m * nb : nullptr, q8 ? q8 + m * K : nullptr,
-            q8 ? d8 + m * nb : nullptr, q8 ? s8 + m * nb : nullptr};
+            q8 ? d8 + m * nb : nullptr, q8 ? s8 + m * nb : nullptr, q8 ? si + m * nb : nullptr};
   }
 };
 
@@ -73,24 +77,28 @@ struct XForms {
 struct XBuf {
   std::vector<float> xsum, d8, s8;
   std::vector<int8_t> q8;
+  std::vector<int32_t> si;
 
   XForms prepare(const float* x, int64_t M, int64_t K, bool sums, bool quant) {
-    XForms f{x, nullptr, nullptr, nullptr, nullptr};
+    XForms f{x, nullptr, nullptr, nullptr, nullptr, nullptr};
     if (sums) {
       xsum.resize(M * (K / 32));
       x_block_sums(x, M, K, xsum.data());
       f.xsum = xsum.data();
     }
     if (quant) {
-      q8.resize(M * K), d8.resize(M * (K / 32)), s8.resize(M * (K / 32));
+      const int64_t nb = K / 32;
+      q8.resize(M * K), d8.resize(M * nb), s8.resize(M * nb), si.resize(M * nb);
       for (int64_t m = 0; m < M; ++m)
-        q8_quantize_row(x + m * K, K, q8.data() + m * K, d8.data() + m * (K / 32),
-                        s8.data() + m * (K / 32));
-      f.q8 = q8.data(), f.d8 = d8.data(), f.s8 = s8.data();
+        q8_quantize_row(x + m * K, K, q8.data() + m * K, d8.data() + m * nb, s8.data() + m * nb,
+                        si.data() + m * nb);
+      f.q8 = q8.data(), f.d8 = d8.data(), f.s8 = s8.data(), f.si = si.data();
     }
     return f;
   }
 };
+
+#include "q8pack.h"  // NOTE: after XForms, which its kernels read
 
 // ---- dense rows -------------------------------------------------------------------------------
 // NR weight rows [n0, n0 + NR) x MR input rows [m0, m0 + MR): one accumulator per output.
@@ -230,6 +238,7 @@ static void q8_rows(const XForms& x, int64_t M, int64_t K, const uint8_t* w, int
 // multiple of block_elems, K / 32 <= Q8_MAX_BLOCKS); x in the forms the type reads.
 static inline void quant_rows(int qtype, const XForms& x, int64_t M, int64_t K, const uint8_t* w,
                               int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  if (is_packed(qtype)) return packed_rows(qtype, x, M, K, w, n0, n1, y, ldy);  // n0, n1: 16 | n
   switch (qtype) {
     case Q4_K: kquant_rows<Q4_K>(x, M, K, w, n0, n1, y, ldy); return;
     case Q5_K: kquant_rows<Q5_K>(x, M, K, w, n0, n1, y, ldy); return;

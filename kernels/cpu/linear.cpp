@@ -14,6 +14,7 @@
 // Work items of y [M, N]: blocks of M_BLOCK x rows by chunks of N_CHUNK weight rows. A chunk's
 // weights stay in L2 while the block's x rows stream past; at decode (M <= M_BLOCK) the items
 // are the chunks, each weight row read from memory once per call.
+// NOTE: N_CHUNK is a multiple of PACK_ROWS (a chunk of a packed weight is whole groups).
 static constexpr int64_t N_CHUNK = 32, M_BLOCK = 256;
 
 template <class F>
@@ -37,7 +38,7 @@ static void dense(const float* x, int64_t M, int64_t K, const void* w, int64_t N
 static void quant(int qtype, const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N,
                   float* y) {
   XBuf buf;
-  const XForms xf = buf.prepare(x, M, K, needs_xsum(qtype), is_q8_block(qtype));
+  const XForms xf = buf.prepare(x, M, K, needs_xsum(qtype), reads_q8(qtype));
   over_tiles(M, N, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
     quant_rows(qtype, xf.from_row(m0, K), m1 - m0, K, w, n0, n1, y + m0 * N, N);
   });
@@ -102,6 +103,7 @@ int rl_linear_quant(const float* x, int64_t M, int64_t K, const uint8_t* w, int 
                     float* y) {
   if (!known_qtype(qtype)) return -1;
   if (K % block_elems(qtype) || K / 32 > Q8_MAX_BLOCKS) return -2;
+  if (is_packed(qtype) && N % PACK_ROWS) return -2;
   quant(qtype, x, M, K, w, N, y);
   return 0;
 }

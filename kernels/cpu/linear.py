@@ -31,7 +31,14 @@ BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q5_0: 22, Q5_1: 24, Q8_0: 34, **kquants.BLOCK
 BLOCK_ELEMS = {Q4_0: 32, Q4_1: 32, Q5_0: 32, Q5_1: 32, Q8_0: 32, Q4_K: 256, Q5_K: 256, Q6_K: 256}
 QTYPE_NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q8_0: "Q8_0"}
 QTYPE_NAMES.update({Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"})
-Q8_BLOCK_TYPES = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)  # computed on Q8 activations (q8dot.h), any M
+# The 16-row packed forms of Q4_0 / Q4_1 / Q8_0 (q8pack.h, `pack_blocks`): type id QPACK + ggml id.
+QPACK, PACK_ROWS = 64, 16
+PACKABLE = (Q4_0, Q4_1, Q8_0)
+for _q in PACKABLE:
+    BLOCK_BYTES[QPACK + _q], BLOCK_ELEMS[QPACK + _q] = BLOCK_BYTES[_q], BLOCK_ELEMS[_q]
+    QTYPE_NAMES[QPACK + _q] = QTYPE_NAMES[_q]
+# computed on Q8 activations (q8dot.h, q8pack.h), any M
+Q8_BLOCK_TYPES = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, *(QPACK + q for q in PACKABLE))
 MAX_K = 32 * 4096  # q8dot.h's Q8_MAX_BLOCKS
 _WTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _threads = 0
@@ -111,8 +118,41 @@ def dequant(blocks: torch.Tensor, qtype: int, k: int) -> torch.Tensor | None:
     return out
 
 
+def _code_chunks(qtype: int) -> int:
+    return 8 if qtype == Q8_0 else 4  # 4-byte chunks per row and block (q8pack.h)
+
+
+def pack_blocks(blocks: torch.Tensor, qtype: int) -> tuple[torch.Tensor, int]:
+    """GGUF block rows `[N, row_bytes]` in q8pack.h's 16-row groups (same shape and bytes) with
+    their packed type id, or the input unchanged where the type or N does not take the form."""
+    n, rb = blocks.shape
+    if qtype not in PACKABLE or n % PACK_ROWS:
+        return blocks, qtype
+    bb, hdr = BLOCK_BYTES[qtype], 4 if qtype == Q4_1 else 2
+    b = blocks.view(n // PACK_ROWS, PACK_ROWS, rb // bb, bb).transpose(1, 2)  # [g, nb, 16, bb]
+    scales = [b[..., i : i + 2].flatten(-2) for i in range(0, hdr, 2)]  # d[16] (, m[16])
+    codes = b[..., hdr:].unflatten(-1, (_code_chunks(qtype), 4)).transpose(2, 3).flatten(-3)
+    return torch.cat([*scales, codes], dim=-1).reshape(n, rb).contiguous(), QPACK + qtype
+
+
+def unpack_blocks(packed: torch.Tensor, ptype: int) -> tuple[torch.Tensor, int]:
+    """The inverse of `pack_blocks`: GGUF block rows and their ggml type."""
+    if ptype < QPACK:
+        return packed, ptype
+    qtype = ptype - QPACK
+    n, rb = packed.shape
+    bb, hdr = BLOCK_BYTES[qtype], 4 if qtype == Q4_1 else 2
+    g = packed.view(n // PACK_ROWS, rb // bb, PACK_ROWS * bb)  # [g, nb, 16 bb]
+    scales = [g[..., i * 16 : i * 16 + 32].unflatten(-1, (PACK_ROWS, 2)) for i in range(0, hdr, 2)]
+    codes = g[..., hdr * PACK_ROWS :].unflatten(-1, (_code_chunks(qtype), PACK_ROWS, 4))
+    codes = codes.transpose(2, 3).flatten(-2)  # [g, nb, 16, codes]
+    b = torch.cat([*scales, codes], dim=-1)  # [g, nb, 16, bb]
+    return b.transpose(1, 2).reshape(n, rb).contiguous(), qtype
+
+
 def dequant_ref(blocks: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
     """The same blocks expanded with torch ops (the layouts in `gemv.h`'s header)."""
+    blocks, qtype = unpack_blocks(blocks, qtype)
     n = blocks.shape[0]
     if qtype in kquants.BLOCK_BYTES:
         return kquants.dequant_ref(blocks, qtype).view(n, k)

@@ -5,7 +5,7 @@
 //
 // Activations (`q8_quantize_rows`), per row m and block b of 32 values of x [M, K] fp32:
 //   amax = max |x|, d8 = amax / 127, q8 = round-to-nearest-even(x * (127 / amax)) (0 where
-//   amax = 0), s8 = d8 * sum(q8).
+//   amax = 0), si = sum(q8) (exact), s8 = d8 * si.
 // A weight block is d * u + mn with unsigned codes u (Q4: 0..15, Q5: 0..31; mn = m for Q4_1/Q5_1,
 // -8 d for Q4_0, -16 d for Q5_0) or, for Q8_0, d * q with signed q (mn = 0). Its dot with the x
 // block is approximated by  d * d8 * sum(u * q8) + mn * s8.
@@ -29,8 +29,16 @@ static inline bool is_q8_block(int q) {
   return q == Q8_0 || q == Q4_0 || q == Q4_1 || q == Q5_0 || q == Q5_1;
 }
 
+// The 16-row packed forms of q8pack.h: type id QPACK + the ggml type.
+static constexpr int QPACK = 64;
+static constexpr int64_t PACK_ROWS = 16;
+static inline bool is_packed(int q) {
+  return q == QPACK + Q4_0 || q == QPACK + Q4_1 || q == QPACK + Q8_0;
+}
+
 // Row m of x: q8 [K] int8, d8 / s8 [K / 32] (see the header).
-static inline void q8_quantize_row(const float* x, int64_t K, int8_t* q8, float* d8, float* s8) {
+static inline void q8_quantize_row(const float* x, int64_t K, int8_t* q8, float* d8, float* s8,
+                                   int32_t* si) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int64_t b = 0; b < K / 32; ++b) {
     const float* xb = x + b * 32;
@@ -55,8 +63,9 @@ static inline void q8_quantize_row(const float* x, int64_t K, int8_t* q8, float*
     __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
     s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
     s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+    si[b] = _mm_cvtsi128_si32(s4);
     d8[b] = amax / 127.0f;
-    s8[b] = d8[b] * (float)_mm_cvtsi128_si32(s4);
+    s8[b] = d8[b] * (float)si[b];
   }
 }
 

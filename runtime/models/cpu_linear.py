@@ -8,7 +8,8 @@ in one of two forms:
 - dense (fp32, fp16, bf16: the model dtype): every input, decode row or prefill chunk, runs the
   C++ GEMV / GEMM (`kernels/cpu/linear.py`);
 - GGUF blocks (`quantization="gguf"`, Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 and the K-quants Q4_K /
-  Q5_K / Q6_K, as stored in the file): the weight stays quantised in memory. The 32-value block
+  Q5_K / Q6_K, as stored in the file): the weight stays quantised in memory (Q4_0 / Q4_1 / Q8_0
+  rows repacked in groups of 16 where the kernels run: `cl.pack_blocks`). The 32-value block
   types run their block kernel (on Q8 activations) for every input; K-quant layers run it for
   decode-sized inputs (<= `SMALL_M` rows) and de-quantise the layer once per call for larger ones
   (torch's GEMM on an fp32 scratch matrix). A fused layer whose parts differ in type (a Q4_K_M
@@ -56,8 +57,10 @@ class CpuLinear:
         k: int = 0,
     ) -> None:
         assert (weight is None) != (blocks is None)
-        self.weight, self.bias, self.blocks, self.qtype, self.k = weight, bias, blocks, qtype, k
         self.fast = cl.available()
+        if blocks is not None and self.fast:  # NOTE: the kernels' 16-row form where it applies
+            blocks, qtype = cl.pack_blocks(blocks, qtype)
+        self.weight, self.bias, self.blocks, self.qtype, self.k = weight, bias, blocks, qtype, k
 
     @property
     def mode(self) -> str:

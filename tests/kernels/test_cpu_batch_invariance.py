@@ -66,19 +66,23 @@ def _assert_invariant(run, x: torch.Tensor) -> torch.Tensor:
 
 @needs_lib
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("qtype", [cl.Q4_1, cl.Q4_0, cl.Q5_0, cl.Q5_1, cl.Q8_0])
+@pytest.mark.parametrize(
+    "qtype", [cl.Q4_1, cl.Q4_0, cl.Q5_0, cl.Q5_1, cl.Q8_0, *(cl.QPACK + q for q in cl.PACKABLE)]
+)
 @pytest.mark.parametrize("k", [576, 96])  # 18 and 3 blocks: the odd block count's tail
 def test_block_rows_alone_batched_and_prefill_agree(target: str, qtype: int, k: int) -> None:
     lib = _lib(target)
-    w = torch.randn(37, k)  # 37 rows: chunks of rows and their remainder
+    w = torch.randn(48 if qtype > cl.QPACK else 37, k)  # 37: chunks of rows and their remainder
     blocks = torch.from_numpy(
         np.ascontiguousarray(gguf_quantize(w.numpy(), GGMLQuantizationType[cl.QTYPE_NAMES[qtype]]))
     )
+    if qtype > cl.QPACK:  # 3 groups of 16 rows: one 32-row chunk and a half chunk
+        blocks, qtype = cl.pack_blocks(blocks, qtype - cl.QPACK)
     x = torch.randn(ROWS, k) * torch.rand(ROWS, 1) * 4  # rows of different scales
     x[3, :32] = 0.0  # an all-zero block of x (scale 0)
     full = _assert_invariant(lambda xs: _quant(lib, xs, blocks, qtype, k), x)
     torch.testing.assert_close(full, cl.linear_quant_ref(x, blocks, qtype, k), rtol=1e-4, atol=5e-3)
-    if target != "avx2":  # NOTE: by construction (q8dot.h) the AVX-512 builds equal the AVX2 one
+    if target != "avx2":  # NOTE: by construction (q8dot.h, q8pack.h) the AVX-512 builds equal AVX2
         assert torch.equal(full, _quant(_lib("avx2"), x, blocks, qtype, k))
 
 

@@ -31,7 +31,8 @@ def _part(n: int, k: int, form: int | torch.dtype, rng: np.random.Generator):
         return torch.from_numpy(random_kquant_blocks(rng, n, k, form)), form
     w = (torch.randn(n, k) * 0.2).numpy()
     q = gguf_quantize(w, GGMLQuantizationType[cl.QTYPE_NAMES[form]])
-    return torch.from_numpy(np.ascontiguousarray(q)), form
+    blocks = torch.from_numpy(np.ascontiguousarray(q))
+    return cl.pack_blocks(blocks, form - cl.QPACK) if form > cl.QPACK else (blocks, form)
 
 
 def _linear(sizes: list[int], k: int, forms: list, rng, bias: bool = False) -> dk.LinearSpec:
@@ -122,6 +123,16 @@ def test_gguf_blocks_mixed_parts() -> None:
     _check(_model(64, 96, forms, torch.float32, bias=False), [2, 30])
 
 
+# the 16-row packed forms (q8pack.h) beside other parts: each part starts on a group of 16 rows
+PACKED = [cl.QPACK + cl.Q4_1, cl.QPACK + cl.Q8_0, cl.QPACK + cl.Q4_0]
+
+
+@needs_lib
+def test_packed_blocks_beside_other_parts() -> None:
+    forms = [PACKED[0], cl.Q5_0, PACKED[1], PACKED[2], PACKED[0], cl.Q4_1, PACKED[1]]
+    _check(_model(64, 96, forms, torch.float32, bias=False), [3, 1, 9, 17, 2, 25, 4, 6, 11])
+
+
 @needs_lib
 def test_batch_of_nine_requests() -> None:
     """8 + 1 requests: the batched block path (each block unpacked once for a tile of rows) and the
@@ -143,13 +154,16 @@ def test_avx2_library() -> None:
     assert lib.rl_simd_width() == 8
     forms = [cl.Q4_1, cl.Q5_1, cl.Q8_0, torch.bfloat16, cl.Q5_0, cl.Q4_0, torch.float32]
     _check(_model(64, 96, forms, torch.float16, bias=True), [1, 6, 20], lib=lib)
+    _check(_model(64, 96, PACKED * 2 + PACKED[:1], torch.float32, bias=False), [1, 6, 20], lib=lib)
 
 
 @needs_lib
-@pytest.mark.parametrize("forms", [[cl.Q4_1] * 7, [torch.float32] * 7, [torch.bfloat16] * 7])
+@pytest.mark.parametrize(
+    "forms", [[cl.Q4_1] * 7, [PACKED[0]] * 7, [torch.float32] * 7, [torch.bfloat16] * 7]
+)
 def test_step_rows_alone_equal_the_batch(forms: list) -> None:
     """Batch invariance of the whole step: each request decoded alone gives bitwise the output
-    (and the K/V) it gets in a batch of nine (Q4_1 blocks, fp32, bf16 weights)."""
+    (and the K/V) it gets in a batch of nine (Q4_1 blocks, packed or not, fp32, bf16 weights)."""
     model = _model(64, 96, forms, torch.float32, bias=False)
     lens = [3, 1, 9, 17, 2, 25, 4, 6, 11]
     ids, pos, loc, rows, lens_t = _batch(model, lens)

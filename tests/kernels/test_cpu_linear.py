@@ -97,6 +97,39 @@ def test_kquant_matches_gguf_dequantize(qtype: int, m: int, n: int, k: int) -> N
 
 
 @needs_lib
+@pytest.mark.parametrize("qtype", list(cl.PACKABLE))
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 64, 576), (13, 48, 1536), (3, 16, 32)])
+def test_packed_blocks_match_gguf_dequantize(qtype: int, m: int, n: int, k: int) -> None:
+    """The 16-row packed form (q8pack.h): the same bytes moved, undone by `unpack_blocks`, and its
+    kernel computes what gguf's de-quantiser and the Q8 activations give."""
+    blocks = _blocks(torch.randn(n, k), qtype)
+    packed, ptype = cl.pack_blocks(blocks, qtype)
+    assert ptype == cl.QPACK + qtype and packed.shape == blocks.shape
+    assert not torch.equal(packed, blocks)
+    assert torch.equal(packed.flatten().sort().values, blocks.flatten().sort().values)
+    unpacked, utype = cl.unpack_blocks(packed, ptype)
+    assert utype == qtype and torch.equal(unpacked, blocks)
+    want_w = torch.from_numpy(
+        gguf_dequantize(blocks.numpy(), GGMLQuantizationType[QTYPES[qtype]])
+    ).reshape(n, k)
+    x = torch.randn(m, k)
+    y = cl.linear_quant(x, packed, ptype, k)
+    assert y is not None
+    torch.testing.assert_close(y, cl.q8_activations_ref(x) @ want_w.t(), rtol=1e-4, atol=2e-3)
+
+
+@needs_lib
+def test_packing_needs_whole_groups() -> None:
+    blocks = _blocks(torch.randn(24, 64), cl.Q4_1)
+    assert cl.pack_blocks(blocks, cl.Q4_1) == (blocks, cl.Q4_1)  # 24 rows: not whole groups
+    assert cl.pack_blocks(_blocks(torch.randn(16, 64), cl.Q5_0), cl.Q5_0)[1] == cl.Q5_0
+    lib = build.load()
+    x, y = torch.randn(1, 64), torch.empty(1, 24)
+    p = (x.data_ptr(), 1, 64, blocks.data_ptr(), cl.QPACK + cl.Q4_1, 24, y.data_ptr())
+    assert lib.rl_linear_quant(*p) == -2  # the kernel refuses a packed N that is not 16 | N
+
+
+@needs_lib
 def test_avx2_library_block_kernels() -> None:
     """The 8-lane (AVX2) build, which an AVX-512 machine never loads, computes every block type
     like the 16-lane one: both match `gguf`'s de-quantiser + a torch matmul."""
