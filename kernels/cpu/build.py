@@ -32,19 +32,13 @@ logger = logging.getLogger(__name__)
 _DIR = os.path.dirname(__file__)
 _SOURCES = [
     os.path.join(_DIR, f)
-    for f in ("linear.cpp", "attention.cpp", "norm.cpp", "activation.cpp", "decode.cpp")
+    for f in ("linear.cpp", "attention.cpp", "norm.cpp", "activation.cpp", "rotary.cpp")
+    + ("decode.cpp",)
 ]
 _HEADERS = [
     os.path.join(_DIR, f)
-    for f in (
-        "linear_simd.h",
-        "kquants.h",
-        "q8dot.h",
-        "q8pack.h",
-        "gemv.h",
-        "attention.h",
-        "activation.h",
-    )
+    for f in ("linear_simd.h", "kquants.h", "q8dot.h", "q8pack.h", "gemv.h", "attention.h")
+    + ("activation.h", "rotary.h")
 ]
 _AVX2 = ["-mavx2", "-mfma", "-mf16c"]
 _AVX512 = [*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
@@ -137,6 +131,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.rl_decode_attention.restype = i32
     lib.rl_rmsnorm.argtypes = [p, p, p, ctypes.c_float, i64, i64, p, p]
     lib.rl_rmsnorm.restype = i32
+    lib.rl_rotary.argtypes = [p, i64, i64, p, i64, i64, i64, i64, p, i64, p, p]
+    lib.rl_rotary.restype = i32
     lib.rl_silu_mul.argtypes = [p, i64, i64, p]
     lib.rl_silu_mul.restype = i32
     lib.rl_decode_scratch.argtypes = [p, i64]

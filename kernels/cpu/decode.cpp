@@ -26,6 +26,7 @@
 #include "activation.h"
 #include "attention.h"
 #include "gemv.h"
+#include "rotary.h"
 
 struct RlLinear {
   int64_t K, N;       // inputs, outputs (the parts' rows summed)
@@ -135,14 +136,6 @@ static inline void rms_row(const float* h, const float* w, float eps, int64_t D,
 
 static inline void add_row(float* res, const float* h, int64_t D) {
   for (int64_t d = 0; d < D; d += VW) vstore(res + d, vfma(vset1(1.0f), vload(h + d), vload(res + d)));
-}
-
-static inline void rotate(float* x, const float* c, const float* s, int64_t half) {
-  for (int64_t j = 0; j < half; ++j) {
-    const float a = x[j], b = x[j + half];
-    x[j] = a * c[j] - b * s[j];
-    x[j + half] = b * c[j] + a * s[j];
-  }
 }
 
 static inline uint16_t float_to_bf16(float f) {

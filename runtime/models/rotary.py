@@ -66,6 +66,14 @@ class RotaryEmbedding(torch.nn.Module):
             t, d = q.shape[0], self.head_dim
             rotary_embedding(positions, q.view(t, -1, d), k.view(t, -1, d), self.cos_sin)
             return q, k
+        if q.device.type == "cpu" and q.dtype == torch.float32:
+            from radixlm.kernels.cpu.rotary import rotary_inplace
+
+            t = q.shape[0]  # NOTE: in place, as the fused kernel; same bits as the ops below
+            if rotary_inplace(
+                positions, q.view(t, -1), k.view(t, -1), self.cos, self.sin, self.head_dim
+            ):
+                return q, k
         cos = self.cos[positions].to(q.dtype).unsqueeze(1)  # [T, 1, rotary_dim / 2]
         sin = self.sin[positions].to(q.dtype).unsqueeze(1)
         return _rotate(q, cos, sin, self.head_dim), _rotate(k, cos, sin, self.head_dim)
