@@ -30,10 +30,30 @@ import tempfile
 logger = logging.getLogger(__name__)
 
 _DIR = os.path.dirname(__file__)
-_SOURCE_NAMES = ["linear.cpp", "attention.cpp", "norm.cpp", "activation.cpp", "rotary.cpp"]
-_HEADER_NAMES = ["linear_simd.h", "kquants.h", "q8dot.h", "q8pack.h", "gemv.h", "attention.h"]
-_SOURCES = [os.path.join(_DIR, f) for f in [*_SOURCE_NAMES, "decode.cpp"]]
-_HEADERS = [os.path.join(_DIR, f) for f in [*_HEADER_NAMES, "activation.h", "rotary.h"]]
+_SOURCES = [
+    os.path.join(_DIR, f)
+    for f in [
+        "linear.cpp",
+        "attention.cpp",
+        "norm.cpp",
+        "activation.cpp",
+        "rotary.cpp",
+        "decode.cpp",
+    ]
+]
+_HEADERS = [
+    os.path.join(_DIR, f)
+    for f in [
+        "linear_simd.h",
+        "kquants.h",
+        "q8dot.h",
+        "q8pack.h",
+        "gemv.h",
+        "attention.h",
+        "activation.h",
+        "rotary.h",
+    ]
+]
 _AVX2 = ["-mavx2", "-mfma", "-mf16c"]
 _AVX512 = [*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
 _FLAGS = {"avx2": _AVX2, "avx512": _AVX512, "avx512vnni": [*_AVX512, "-mavx512vnni"]}
