@@ -33,11 +33,13 @@ static inline __m256 reduce8x8(const __m256* r) {
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-template <int T>
-static void decode_head(const float* q, const void* kp, const void* vp, const int32_t* slots,
-                        int64_t L, int64_t kvh, int64_t KVH, int64_t D, float scale, float* o,
-                        std::vector<float>& s) {
-  const int64_t groups = (L + 7) / 8, nv = D / VW;
+// NOTE: NV = D / VW as a constant where the head size is a common one (0: read from D), so that
+// the per-head vectors (q, the V sums) live in registers; the arithmetic is the same either way.
+template <int T, int NV>
+static void decode_head_nv(const float* q, const void* kp, const void* vp, const int32_t* slots,
+                           int64_t L, int64_t kvh, int64_t KVH, int64_t D, float scale, float* o,
+                           std::vector<float>& s) {
+  const int64_t groups = (L + 7) / 8, nv = NV ? NV : D / VW;
   s.resize(groups * 8);
   vf qv[16];  // D <= 16 * VW
   for (int64_t i = 0; i < nv; ++i) qv[i] = vload(q + i * VW);
@@ -77,6 +79,17 @@ static void decode_head(const float* q, const void* kp, const void* vp, const in
   for (int64_t i = 0; i < nv; ++i) vstore(o + i * VW, acc[i]);
 }
 
+template <int T>
+static void decode_head(const float* q, const void* kp, const void* vp, const int32_t* slots,
+                        int64_t L, int64_t kvh, int64_t KVH, int64_t D, float scale, float* o,
+                        std::vector<float>& s) {
+  switch (D / VW) {
+    case 4: return decode_head_nv<T, 4>(q, kp, vp, slots, L, kvh, KVH, D, scale, o, s);
+    case 8: return decode_head_nv<T, 8>(q, kp, vp, slots, L, kvh, KVH, D, scale, o, s);
+    default: return decode_head_nv<T, 0>(q, kp, vp, slots, L, kvh, KVH, D, scale, o, s);
+  }
+}
+
 // decode_head for a block of queries that share a request's slots: query t attends to the first
 // Ls[t] slots. Each query's arithmetic is decode_head's, in the same order (its output is bitwise
 // decode_head's); the block only shares loads: a group of 8 K rows serves every query's scores
@@ -84,11 +97,11 @@ static void decode_head(const float* q, const void* kp, const void* vp, const in
 // running V sum between runs. s: per query, its scores then weights.
 static constexpr int64_t V_RUN = 32;  // V rows shared by the block's queries at a time
 
-template <int T>
-static void attend_block(const float* const* q, const int64_t* Ls, int64_t nq, const void* kp,
-                         const void* vp, const int32_t* slots, int64_t kvh, int64_t KVH, int64_t D,
-                         float scale, float* const* o, std::vector<float>* s) {
-  const int64_t nv = D / VW;
+template <int T, int NV>
+static void attend_block_nv(const float* const* q, const int64_t* Ls, int64_t nq, const void* kp,
+                            const void* vp, const int32_t* slots, int64_t kvh, int64_t KVH,
+                            int64_t D, float scale, float* const* o, std::vector<float>* s) {
+  const int64_t nv = NV ? NV : D / VW;
   int64_t Lmax = 0;
   for (int64_t t = 0; t < nq; ++t) {
     Lmax = std::max(Lmax, Ls[t]);
@@ -141,5 +154,16 @@ static void attend_block(const float* const* q, const int64_t* Ls, int64_t nq, c
       }
       for (int64_t i = 0; i < nv; ++i) vstore(o[t] + i * VW, acc[i]);
     }
+  }
+}
+
+template <int T>
+static void attend_block(const float* const* q, const int64_t* Ls, int64_t nq, const void* kp,
+                         const void* vp, const int32_t* slots, int64_t kvh, int64_t KVH, int64_t D,
+                         float scale, float* const* o, std::vector<float>* s) {
+  switch (D / VW) {
+    case 4: return attend_block_nv<T, 4>(q, Ls, nq, kp, vp, slots, kvh, KVH, D, scale, o, s);
+    case 8: return attend_block_nv<T, 8>(q, Ls, nq, kp, vp, slots, kvh, KVH, D, scale, o, s);
+    default: return attend_block_nv<T, 0>(q, Ls, nq, kp, vp, slots, kvh, KVH, D, scale, o, s);
   }
 }
