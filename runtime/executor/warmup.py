@@ -76,7 +76,11 @@ def warm_extend(runner: ModelRunner, shapes: list[ExtendShape]) -> float:
                 t(rows), t([total] * b), [total] * b, [shape.prefix] * b, [n] * b,
                 t([shape.prefix] * b), t([n] * b), t([i * n for i in range(b)]), t(ends), ends,
             )  # fmt: skip
-            argmax(runner.compute_logits(runner.forward(batch))).tolist()
+            out = runner.forward(batch)
+            split = getattr(
+                runner.model, "split_output", None
+            )  # a draft head: (logit rows, features)
+            argmax(runner.compute_logits(out if split is None else split(out)[0])).tolist()
         finally:
             runner.kv_pool.allocator.free(slots)
             for row in rows:
