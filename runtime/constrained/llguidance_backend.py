@@ -10,7 +10,13 @@ milliseconds, so there is no disk cache.
 
 NOTE: an `LLMatcher` never raises on user errors: it enters a sticky error state. So `accept`
 tries the token first (`try_consume_tokens` leaves the state unchanged on rejection) and
-`rollback` is bounded by the tokens accepted so far.
+`rollback` is bounded by the tokens accepted so far; `rollback` also recomputes the mask of the
+state it returns to (llguidance's one-entry mask cache survives a rollback: see `rollback`).
+
+NOTE: there is no mask cache on our side: `LLMatcher` (1.9.1) exposes no state identity (lexer
+state, parser row) to key one exactly, and llguidance already reuses the last mask while
+(lexer state, row) stay the same (the body of an unbounded string). Large masks inside bounded
+free text (`maxLength`, `{m,n}`) are full token-trie walks (issue 23 measured slices: no gain).
 """
 
 from __future__ import annotations
@@ -86,6 +92,14 @@ class LLGuidanceGrammar(Grammar):
         if not self.matcher.rollback(n) or self.matcher.is_error():
             raise RuntimeError(f"llguidance rollback failed: {self.matcher.get_error()[:200]}")
         self._num -= n
+        # NOTE: llguidance (<= 1.9.1) keeps the last mask keyed by (lexer state, parser row
+        # index) and `rollback` does not drop it: a different path that reaches the same key
+        # (row indices are reused after a rollback) would get the stale mask. Computing the
+        # mask of the state we rolled back to replaces that entry with a valid one (rows up
+        # to the current one are unchanged by the rollback).
+        self.matcher.compute_bitmask()
+        if self.matcher.is_error():
+            raise RuntimeError(f"llguidance mask after rollback: {self.matcher.get_error()[:200]}")
 
     @property
     def max_rollback(self) -> int:
