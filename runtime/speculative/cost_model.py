@@ -72,6 +72,17 @@ class StepCosts:
         r0, s0 = min(points, key=lambda p: abs(p[0] - rows))
         return s0 * (1.0 + PRIOR_ROW * (rows - 1)) / (1.0 + PRIOR_ROW * (r0 - 1))
 
+    def verify_curve(self, first: int, count: int) -> list[float]:
+        """`verify(r)` for r = first .. first + count - 1 (one fit, one unit: the gate's
+        per-step figures)."""
+        if count <= 0:
+            return []
+        self.verify(first)  # NOTE: fits `_line` when two shapes are measured
+        if self._line is None:
+            return [self.verify(r) for r in range(first, first + count)]
+        unit, (slope, icpt) = self.plain(1), self._line
+        return [unit * max(icpt + slope * r, 0.5) for r in range(first, first + count)]
+
     def verify(self, rows: int) -> float:
         """Seconds of a verify step over `rows` real tree nodes (roots included): on the line
         fitted through every measured shape (weighted by samples) once two are measured."""
