@@ -3,7 +3,8 @@
 Per request, `NgramIndex` maps every n-gram of its tokens (prompt + output, `min <= n <= max`,
 SGLang's `--speculative-ngram-min/max-match-window-size`) to the positions that followed its
 recent occurrences. It is incremental: `extend` indexes only the tokens appended since the last
-call (O(windows) dictionary updates per token), so a step costs O(new tokens), not O(length).
+call (O(windows) dictionary updates per token), so a step costs O(new tokens), not O(length),
+and a lookup starts at the last match's window plus the tokens appended since, not at `max_n`.
 
 `NgramProposer.propose`: for each request, the suffix of its tokens is looked up from the longest
 window down; each occurrence found gives a candidate continuation (the tokens that followed it),
@@ -17,8 +18,9 @@ token, then the budget left, in order.
 of the draft's quality (a long match is in a copied passage).
 
 Ownership: the proposer owns its indexes (keyed by the request's id, dropped by `release`); it
-only reads `Req.origin_input_ids` and `Req.output_ids`. Jump-forward may replace the tail of a request's output: the index
-remembers a few of the last tokens it indexed and rebuilds itself when they changed.
+only reads `Req.origin_input_ids` and `Req.output_ids`. Jump-forward may replace the tail of a
+request's output: the index remembers a few of the last tokens it indexed and rebuilds itself
+when they changed.
 """
 
 from __future__ import annotations
