@@ -16,8 +16,10 @@ included; from each request's `meta_info["spec_accept_length"]`, weighted by its
 `spec_verify_ct`, its decode steps with speculation on), and `accept_rate`, the tokens a step
 adds beyond one as a fraction of the most it can add: (accept_len - 1) / (num_draft_tokens - 1),
 where num_draft_tokens counts the rows verified per step, the first being the last committed
-token (SGLang's convention). `identical` says whether both engines produced the same tokens
-(greedy decoding must be exact).
+token (SGLang's convention). `drafted` is the draft tokens the engine verified in the run (its
+`spec_draft_tokens` counter; median over repeats): 0 means every step was the plain decode step,
+so the speedup is the per-step cost of speculation's bookkeeping plus the machine's noise.
+`identical` says whether both engines produced the same tokens (greedy decoding must be exact).
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ class Sample(NamedTuple):
     outputs: list[list[int]]  # token ids per request
     verify_steps: int | None  # speculative verify steps, all requests (None: no meta_info keys)
     accept_length: float | None  # mean tokens per verify step, weighted by steps
+    # draft tokens the engine verified during the run (its `spec_draft_tokens` counter; None:
+    # not reported). 0 on a speculative engine: every step was the plain decode step.
+    drafted: int | None = None
 
 
 def chat_prompt(tokenizer: Any, message: str) -> str:
@@ -88,6 +93,7 @@ def decode_rate(events: Sequence[tuple[float, int, int]]) -> float | None:
 def measure(engine: Any, prompt: str, batch_size: int, params: dict[str, Any]) -> Sample:
     """Run `batch_size` copies of `prompt` at once, streamed, on a flushed prefix cache."""
     engine.flush_cache()
+    before = engine.get_server_info().get("spec_draft_tokens")
     prompts: str | list[str] = prompt if batch_size == 1 else [prompt] * batch_size
     events: list[tuple[float, int, int]] = []
     final: dict[int, dict[str, Any]] = {}
@@ -98,12 +104,15 @@ def measure(engine: Any, prompt: str, batch_size: int, params: dict[str, Any]) -
             final[index] = chunk
     outs = [final[i] for i in sorted(final)]
     steps, accept = spec_stats([o["meta_info"] for o in outs])
+    after = engine.get_server_info().get("spec_draft_tokens")
+    drafted = after - before if after is not None and before is not None else None
     return Sample(
         decode_rate(events),
         sum(len(o["output_ids"]) for o in outs),
         [list(o["output_ids"]) for o in outs],
         steps,
         accept,
+        drafted,
     )
 
 
@@ -124,6 +133,7 @@ def summarize(
     if accept is not None and num_draft_tokens is not None and num_draft_tokens > 1:
         rate = (accept - 1) / (num_draft_tokens - 1)
     steps = _median([s.verify_steps for s in on])
+    drafted = _median([s.drafted for s in on])
     return {
         "workload": workload,
         "batch": batch_size,
@@ -134,6 +144,7 @@ def summarize(
         "accept_len": accept,
         "accept_rate": rate,
         "verify_steps": None if steps is None else int(steps),
+        "drafted": None if drafted is None else int(drafted),
         "identical": all(a.outputs == b.outputs for a, b in zip(off, on)),
     }
 

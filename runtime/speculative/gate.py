@@ -84,7 +84,7 @@ class DraftGate:
         bsz = len(rids)
         plain = bsz / self.costs.plain(bsz)
         depth = max(min((self.max_rows or CHAIN_LIMIT) // bsz, self.max_nodes) - 1, 0)
-        costs = [self.costs.verify(bsz + d) for d in range(1, depth + 1)]
+        costs = self.costs.verify_curve(bsz + 1, depth)
         # NOTE: a failed probe costs the whole batch a verify step: B requests probe as often
         # together as one alone
         recover = RECOVER / bsz

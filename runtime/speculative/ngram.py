@@ -3,7 +3,8 @@
 Per request, `NgramIndex` maps every n-gram of its tokens (prompt + output, `min <= n <= max`,
 SGLang's `--speculative-ngram-min/max-match-window-size`) to the positions that followed its
 recent occurrences. It is incremental: `extend` indexes only the tokens appended since the last
-call (O(windows) dictionary updates per token), so a step costs O(new tokens), not O(length).
+call (O(windows) dictionary updates per token), so a step costs O(new tokens), not O(length),
+and a lookup starts at the last match's window plus the tokens appended since, not at `max_n`.
 
 `NgramProposer.propose`: for each request, the suffix of its tokens is looked up from the longest
 window down; each occurrence found gives a candidate continuation (the tokens that followed it),
@@ -17,8 +18,9 @@ token, then the budget left, in order.
 of the draft's quality (a long match is in a copied passage).
 
 Ownership: the proposer owns its indexes (keyed by the request's id, dropped by `release`); it
-only reads `Req.fill_ids`. Jump-forward may replace the tail of a request's output: the index
-remembers a few of the last tokens it indexed and rebuilds itself when they changed.
+only reads `Req.origin_input_ids` and `Req.output_ids`. Jump-forward may replace the tail of a
+request's output: the index remembers a few of the last tokens it indexed and rebuilds itself
+when they changed.
 """
 
 from __future__ import annotations
@@ -48,16 +50,27 @@ class NgramIndex:
         self.tokens: list[int] = []
         self.table: dict[tuple[int, ...], list[int]] = {}
         self.matched = 0  # the window of the last `candidates` call's first candidate (0: none)
+        # NOTE: the longest matching window grows by at most one per appended token (a match of
+        # n ending at t contains one of n - 1 ending at t - 1, indexed then): the lookups start
+        # at `bound`, not at `max_n` (None: unknown, after a rebuild).
+        self.bound: int | None = None
 
-    def extend(self, tokens: Sequence[int]) -> None:
-        """Make the index cover `tokens` (which extend what it covers; otherwise it rebuilds)."""
+    def extend(self, tokens: Sequence[int], more: Sequence[int] = ()) -> None:
+        """Make the index cover `tokens` + `more` (which extend what it covers; otherwise it
+        rebuilds). Two parts, so that a request's prompt and output need no concatenation."""
         done = len(self.tokens)
-        tail = max(0, done - _CHECK_TAIL)
-        if len(tokens) < done or list(tokens[tail:done]) != self.tokens[tail:]:
-            self.tokens, self.table = [], {}
+        total = len(tokens) + len(more)
+        if total < done or self._tail(tokens, more, max(0, done - _CHECK_TAIL), done):
+            self.tokens, self.table, self.bound = [], {}, None
             done = 0
+        if done == total:
+            return
+        if self.bound is not None:  # NOTE: windows below min_n are not indexed
+            self.bound = max(self.bound, self.min_n - 1) + total - done
+        split = len(tokens)
+        new = list(tokens[done:]) + list(more) if done < split else more[done - split :]
         own = self.tokens
-        for t in tokens[done:]:
+        for t in new:
             # NOTE: an n-gram is indexed once the token after it exists: its continuation start.
             end = len(own)  # the n-grams ending at end - 1 are followed by position `end`
             own.append(t)
@@ -68,14 +81,27 @@ class NgramIndex:
                 if len(hits) > self.keep:
                     del hits[0]
 
+    def _tail(self, tokens: Sequence[int], more: Sequence[int], start: int, end: int) -> bool:
+        """Whether `tokens` + `more` differ from the indexed tokens in [start, end)."""
+        split = len(tokens)
+        got = list(tokens[start:end]) + list(more[max(start - split, 0) : max(end - split, 0)])
+        return got != self.tokens[start:end]
+
     def longest_match(self) -> int:
         """The longest window (`min_n..max_n`) whose n-gram ending the tokens occurred before
         (0: none): what `candidates` would match first."""
         own = self.tokens
-        for n in range(min(self.max_n, len(own)), self.min_n - 1, -1):
+        for n in range(self._top(), self.min_n - 1, -1):
             if self.table.get(tuple(own[len(own) - n :])):
+                self.bound = n
                 return n
+        self.bound = 0
         return 0
+
+    def _top(self) -> int:
+        """The longest window worth looking up (`bound`, within `max_n` and the length)."""
+        top = min(self.max_n, len(self.tokens))
+        return top if self.bound is None else min(top, self.bound)
 
     def candidates(self, limit: int, length: int) -> list[list[int]]:
         """Continuations (up to `length` tokens each, at most `limit` distinct starts) of the
@@ -84,7 +110,7 @@ class NgramIndex:
         out: list[list[int]] = []
         starts: set[int] = set()
         self.matched = 0
-        for n in range(min(self.max_n, len(own)), self.min_n - 1, -1):
+        for n in range(self._top(), self.min_n - 1, -1):
             for start in reversed(self.table.get(tuple(own[len(own) - n :]), ())):
                 if start in starts:
                     continue
@@ -148,7 +174,7 @@ class NgramProposer(Proposer):
             index = self.indexes[req.rid] = NgramIndex(
                 self.min_window, self.max_window, self.breadth
             )
-        index.extend(req.fill_ids)
+        index.extend(req.origin_input_ids, req.output_ids)
         return index
 
     def peek_hints(self, reqs: Sequence[Req]) -> list[int]:

@@ -20,7 +20,7 @@ Data flow of `run(batch)`:
        batch is greedy without logprobs, greedy_accept.py; sampled rows: exact rejection
        sampling) -> commit: the accepted path's slots stay in `req_to_token`, the others are
        freed at once (tree.commit_path)
-    -> the committed tokens, one at a time, through `ResultPath.append_token` (grammar accept,
+    -> the committed tokens, one at a time, through `ResultPath.append_token` (commit.py) (grammar accept,
        logprobs, eos / stop strings / min and max_new_tokens: nothing past a stop is kept, and
        the KV of dropped tokens is freed) -> jump-forward -> `finish_decode` (finished requests'
        KV goes to the radix cache like any other) -> proposer.on_verified.
@@ -51,21 +51,16 @@ from radixlm.runtime.scheduler.queues import ReqQueues
 from radixlm.runtime.scheduler.req import Req
 from radixlm.runtime.scheduler.results import ResultPath
 from radixlm.runtime.scheduler.schedule_batch import ScheduleBatch
-from radixlm.runtime.scheduler.step import ModelStep, StepTokens
+from radixlm.runtime.scheduler.step import ModelStep
+from radixlm.runtime.speculative.commit import PathCommitter
 from radixlm.runtime.speculative.draft_check import CheckedDraft, check_draft
 from radixlm.runtime.speculative.gate import DraftGate
 from radixlm.runtime.speculative.greedy_accept import accept_greedy, greedy_best
 from radixlm.runtime.speculative.layouts import in_proposer_layout, kept_probs, plain_result
 from radixlm.runtime.speculative.proposer import Proposer
-from radixlm.runtime.speculative.tree import (
-    alloc_draft_slots,
-    build_tree,
-    commit_path,
-    verify_forward_batch,
-)
+from radixlm.runtime.speculative.tree import alloc_draft_slots, build_tree, verify_forward_batch
 from radixlm.runtime.speculative.tree_accept import (
     DraftTree,
-    TreeAcceptResult,
     accept_trees,
     node_contexts,
     target_probs,
@@ -117,6 +112,7 @@ class SpeculativeStep:
         always = verify_all or not cpu
         self.gate = DraftGate(always=always, measure=measure, max_rows=SMALL_M if cpu else None,
                               max_nodes=proposer.num_nodes)  # fmt: skip
+        self.committer = PathCommitter(self.cache, self.allocator, results, stats, self.gate)
 
     # ---- the step ------------------------------------------------------------------------------
     def run(self, batch: ScheduleBatch) -> None:
@@ -222,7 +218,8 @@ class SpeculativeStep:
                              kept_probs(draft, checked, n), draft.kind)  # fmt: skip
             result = accept_trees(tree, target, [r.generator for r in reqs])
             target_lp = target.logprobs
-        self.commit(reqs, prefix, loc, parents, result, target_lp, top_n)
+        self.committer.commit(reqs, prefix, loc, parents, result, target_lp, top_n,
+                              self.proposer.hints)  # fmt: skip
         self.stats["spec_verify_steps"] += 1
         self.stats["spec_draft_tokens"] += sum(counts) - bsz
         if self.proposer.needs_verified:
@@ -242,63 +239,6 @@ class SpeculativeStep:
                 out.append(_RowReq(req.sampling_params, req.generator, req.origin_input_ids,
                                    req.output_ids + ctx, req.stop_ids_for_min_tokens))  # fmt: skip
         return out
-
-    def commit(
-        self,
-        reqs: list[Req],
-        prefix: list[int],
-        loc: torch.Tensor,
-        parents: torch.Tensor,
-        result: TreeAcceptResult,
-        logprobs: torch.Tensor | None,
-        top_n: int,
-    ) -> None:
-        """Keep each request's accepted path (free the rest of its tree) and append its
-        committed tokens through the result path until one stops it."""
-        table = self.cache.req_to_token
-        num_acc = result.num_accepted.tolist()
-        paths = result.path.tolist()
-        toks = result.tokens.tolist()
-        lps = result.logprobs.tolist() if result.logprobs is not None else None
-        n = parents.shape[1]
-        pars = parents.tolist()
-        hints = self.proposer.hints
-        drafted = [sum(1 for p in row if p >= 0) for row in pars]
-        for i, req in enumerate(reqs):
-            a = num_acc[i]
-            path = paths[i][: a + 1]
-            commit_path(table, req.req_pool_idx, prefix[i], loc[i], parents[i], path,
-                        self.allocator)  # fmt: skip
-            req.computed = prefix[i] + a + 1
-            top = None
-            if req.top_logprobs_num and logprobs is not None:
-                rows = logprobs.view(len(reqs), n, -1)[i, path]
-                values, ids = rows.topk(top_n, dim=-1)
-                top = [list(zip(v, t)) for v, t in zip(values.tolist(), ids.tolist())]
-            host = StepTokens(toks[i][: a + 1], lps[i][: a + 1] if lps else None, top)
-            appended = 0
-            for k in range(a + 1):
-                self.results.append_token(req, k, host)
-                appended += 1
-                if req.finished:
-                    break
-            if req.finished:
-                self.drop_uncommitted(req)
-            req.spec_verify_ct += 1
-            req.spec_committed += appended
-            self.stats["spec_committed_tokens"] += appended
-            if drafted[i]:
-                hint = None if hints is None else hints[i]
-                self.gate.update(req.rid, a, path[-1] in pars[i], hint)
-
-    def drop_uncommitted(self, req: Req) -> None:
-        """A request stopped inside its committed tokens: free the KV past its last output
-        token's position (that token has none, as after a plain decode step)."""
-        keep = req.seqlen - 1
-        if req.computed > keep:
-            row = self.cache.req_to_token.table[req.req_pool_idx]
-            self.allocator.free(row[keep : req.computed].to(torch.int64))
-            req.computed = keep
 
     @property
     def needs_hidden(self) -> bool:

@@ -33,18 +33,20 @@ def test_spec_stats_weights_requests_by_their_verify_steps():
 
 def test_summarize_medians_speedup_and_acceptance_rate():
     def sample(rate, outputs, accept=None):
-        return bench.Sample(rate, 4, outputs, None if accept is None else 2, accept)
+        drafted = None if accept is None else int(2 * (accept - 1))
+        return bench.Sample(rate, 4, outputs, None if accept is None else 2, accept, drafted)
 
     off = [sample(10.0, [[1, 2]]), sample(12.0, [[1, 2]]), sample(20.0, [[1, 2]])]
     on = [sample(30.0, [[1, 2]], 3.0), sample(24.0, [[1, 2]], 2.0), sample(18.0, [[1, 2]], 4.0)]
     row = bench.summarize("rewrite", 1, off, on, num_draft_tokens=5)
     assert (row["off_tok_s"], row["on_tok_s"], row["speedup"]) == (12.0, 24.0, 2.0)
     assert row["accept_len"] == 3.0 and row["accept_rate"] == pytest.approx(0.5)  # 2 of 4 drafts
+    assert row["drafted"] == 4  # the median of 4, 2, 6
     assert row["identical"] is True
     on[1] = sample(24.0, [[1, 3]], 2.0)  # one repeat's tokens differ from its off twin
     assert bench.summarize("rewrite", 1, off, on, None)["identical"] is False
     row = bench.summarize("chat", 1, off, [sample(11.0, [[1, 2]])], None)  # no speculative keys
-    assert row["accept_len"] is None and row["accept_rate"] is None
+    assert row["accept_len"] is None and row["accept_rate"] is None and row["drafted"] is None
 
 
 def test_bad_arguments_are_refused():
@@ -72,5 +74,6 @@ def test_command_on_the_tiny_model(tmp_path, capsys):
         if row["accept_len"] is not None:  # the engine reports its verify steps
             assert row["verify_steps"] > 0 and 1.0 <= row["accept_len"] <= 4.0
             assert 0.0 <= row["accept_rate"] <= 1.0
+            assert row["drafted"] is not None and row["drafted"] >= 0
     table = capsys.readouterr().out
     assert "speedup" in table and "accept_len" in table and "chat" in table

@@ -169,3 +169,32 @@ def test_a_noisy_falling_line_is_flat_at_the_mean() -> None:
     for key in [(False, 1, 0.010)] * 2 + [(True, 3, 0.0205)] * 2 + [(True, 4, 0.0190)] * 2:
         costs.record(*key)
     assert abs(costs.verify(4) - 0.01975) < 1e-9 and abs(costs.verify(12) - 0.01975) < 1e-9
+
+
+def test_verify_curve_is_verify() -> None:
+    costs = StepCosts()
+    assert costs.verify_curve(2, 3) == [costs.verify(r) for r in (2, 3, 4)]  # priors
+    for key in [(False, 1, 0.01)] * 2 + [(True, 3, 0.015)] * 2:
+        costs.record(*key)
+    assert costs.verify_curve(2, 3) == [costs.verify(r) for r in (2, 3, 4)]  # one shape
+    for key in [(True, 7, 0.025)] * 2:
+        costs.record(*key)
+    got = costs.verify_curve(2, 11)
+    assert got == [costs.verify(r) for r in range(2, 13)] and costs.verify_curve(5, 0) == []
+
+
+def test_a_spike_does_not_lock_speculation_out() -> None:
+    """Verify steps timed in another process's load spike (20x a plain step) must not keep the
+    gate from ever verifying again: a shape's first figure is capped, and figures not measured
+    again move back towards their prior, so a draft is tried again after a while."""
+    gate = DraftGate()
+    record(gate, False, 1, 0.010)
+    for rows in (2, 12):
+        record(gate, True, rows, 0.200)
+    tried = None
+    for step in range(2000):
+        if kept(gate, "a", chain(11)):
+            tried = step
+            break
+        gate.record(False, 1, 0.010)
+    assert tried is not None and tried > 0

@@ -31,6 +31,40 @@ def test_incremental_index_equals_rebuilt() -> None:
     assert inc.table == full.table and inc.tokens == seq
 
 
+def _full_search(index: NgramIndex) -> int:
+    """The longest match without the incremental bound: every window from the longest."""
+    own = index.tokens
+    for n in range(min(index.max_n, len(own)), index.min_n - 1, -1):
+        if index.table.get(tuple(own[len(own) - n :])):
+            return n
+    return 0
+
+
+def test_incremental_lookup_is_the_full_search() -> None:
+    """The lookup starts below `max_n` (the match grows by at most one per token): same
+    matches and candidates as a search from the longest window, at any step sizes, with
+    min_n > 1, across a rewritten tail, and from a prompt and output given in two parts."""
+    rng = random.Random(1)
+    for min_n, max_n in ((1, 6), (2, 5), (3, 3)):
+        seq = [rng.randrange(4) for _ in range(400)]
+        inc = NgramIndex(min_n, max_n, keep=3)
+        end = 0
+        while end < len(seq):
+            end += rng.choice((1, 1, 1, 2, 5))
+            if rng.random() < 0.05:  # a jump-forward rewrote the last tokens
+                seq[end - 2 : end] = [rng.randrange(4) for _ in range(2)]
+            cut = rng.randrange(end + 1)
+            inc.extend(seq[:cut], seq[cut:end])
+            assert inc.tokens == seq[:end]
+            full = NgramIndex(min_n, max_n, keep=3)
+            full.extend(seq[:end])
+            want = _full_search(full)
+            if rng.random() < 0.5:
+                assert inc.longest_match() == want
+            assert inc.candidates(3, 4) == full.candidates(3, 4)
+            assert inc.matched == full.matched
+
+
 def test_longest_window_then_most_recent() -> None:
     index = NgramIndex(1, 4, keep=4)
     #          0  1  2  3  4  5  6  7  8  9 10 11
@@ -67,7 +101,8 @@ def test_rewritten_tail_rebuilds() -> None:
 
 
 def _req(rid: str, ids: list[int]) -> SimpleNamespace:
-    return SimpleNamespace(rid=rid, fill_ids=ids, last_token=ids[-1])
+    return SimpleNamespace(rid=rid, origin_input_ids=ids[:2], output_ids=ids[2:],
+                           last_token=ids[-1])  # fmt: skip
 
 
 def test_proposer_shapes_and_release() -> None:

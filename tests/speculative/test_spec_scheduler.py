@@ -387,6 +387,9 @@ def test_no_gain_runs_the_plain_step_without_proposing(plain) -> None:
         def verify(self, rows: int) -> float:
             return 100.0
 
+        def verify_curve(self, first: int, count: int) -> list[float]:
+            return [self.verify(r) for r in range(first, first + count)]
+
     s = make_scheduler(speculative_algorithm="NGRAM")
     assert s.spec is not None
     s.spec.gate.costs = Dear()  # type: ignore[assignment]
