@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.kernels.cpu import linear as cl
+from radixlm.kernels.cpu.hugepages import HugeArena
 from radixlm.runtime.distributed.state import parallel_state
 
 if TYPE_CHECKING:
@@ -218,8 +219,46 @@ def setup_cpu_model(
         else:
             head = CpuLinear(emb.contiguous())
     mode = "+".join(sorted(layers, key=lambda m: (-layers[m], m)))  # most layers first
+    if cl.available():
+        model.cpu_weight_arena = _weights_to_huge_pages(model, linear_cls, head)
     if cl.available() and hasattr(model, "cpu_decode") and not tp:
         from radixlm.runtime.models.cpu_decode import CpuDecode
 
         model.cpu_decode = CpuDecode(model)  # NOTE: decides on first use (needs the KV pool)
     return CpuSetup(mode, layers, head)
+
+
+def _weights_to_huge_pages(
+    model: nn.Module, linear_cls: type, head: CpuLinear | None
+) -> HugeArena | None:
+    """Move the weights the CPU kernels stream (every `CpuLinear`'s dense weight or blocks, the
+    tied head's) into one 2 MB-page arena (kernels/cpu/hugepages.py); a dense weight's module
+    parameter (and a tied head's embedding) is pointed at the same copy. Returns the arena, whose
+    owner (the model) keeps it, or None where huge pages are not available."""
+    owners: list[tuple[CpuLinear, nn.Parameter | None]] = []
+    for module in model.modules():
+        impl = getattr(module, "cpu_impl", None) if isinstance(module, linear_cls) else None
+        for part in getattr(impl, "parts", [impl] if impl is not None else []):
+            tied = part.weight is not None and part.weight.data_ptr() == module.weight.data_ptr()
+            owners.append((part, module.weight if tied else None))
+    if head is not None:
+        emb = getattr(getattr(model, "embed_tokens", None), "weight", None)
+        tied = emb is not None and head.weight is not None
+        owners.append((head, emb if tied and head.weight.data_ptr() == emb.data_ptr() else None))
+    tensors = [p.blocks if p.blocks is not None else p.weight for p, _ in owners]
+    keep = [i for i, t in enumerate(tensors) if t is not None and t.numel() and t.is_contiguous()]
+    arena = HugeArena()
+    moved = arena.rehome([tensors[i] for i in keep])
+    if moved is None:
+        logger.info("CPU weights: huge pages unavailable, 4 KB pages")
+        return None
+    for i, new in zip(keep, moved):
+        part, param = owners[i]
+        if part.blocks is not None:
+            part.blocks = new
+        else:
+            part.weight = new
+            if param is not None:
+                param.data = new
+    logger.info("CPU weights: %.0f MB in 2 MB pages", arena.nbytes / 2**20)
+    return arena

@@ -6,6 +6,9 @@ de-quantised to fp32; the 32-value block types run on Q8 activations, within 2 %
 
 from __future__ import annotations
 
+import ctypes
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -92,6 +95,14 @@ def test_blocks_stay_quantised_and_match_fp32(tmp_path, qtype: str) -> None:
     qkv = quant.model.layers[0].self_attn.qkv_proj
     assert qkv.weight.numel() == 0 and qkv.cpu_impl.blocks.dtype == torch.uint8
     assert quant.cpu.head is not None and quant.cpu.head.mode == qtype
+    if sys.platform.startswith("linux"):  # the streamed weights live in the 2 MB-page arena
+        arena = quant.model.cpu_weight_arena
+        assert arena is not None and arena.mappings
+        lo = min(ctypes.addressof(ctypes.c_char.from_buffer(m)) for m in arena.mappings)
+        assert qkv.cpu_impl.blocks.data_ptr() >= lo
+        o_proj = dense.model.layers[0].self_attn.o_proj  # a dense weight: its parameter shares it
+        assert o_proj.weight.data_ptr() == o_proj.cpu_impl.weight.data_ptr()
+        assert dense.model.cpu_weight_arena is not None
     want, got = runner_logits(dense, IDS), runner_logits(quant, IDS)
     if quant.cpu.head.qtype in cl.Q8_BLOCK_TYPES:
         # NOTE: these run on Q8-quantised activations (kernels/cpu/q8dot.h), as llama.cpp does:
