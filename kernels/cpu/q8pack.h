@@ -6,7 +6,8 @@
 // Layout (kernels/cpu/linear.py `pack_blocks`): rows [16 g, 16 g + 16) of N (a multiple of 16) form
 // group g; a group holds its K / 32 blocks in order, each 16 x the GGUF block's bytes:
 //   f16 d[16]  (one per row)  |  Q4_1: f16 m[16]  |  codes
-//   codes, Q4_0 / Q4_1: 4 chunks of 64 bytes; chunk c, bytes 4 r .. 4 r + 3 = row r's qs[4 c .. 4 c + 3]
+//   codes, Q4_0 / Q4_1: 4 chunks of 64 bytes; chunk c, bytes 4 r .. 4 r + 3 = row r's
+//     qs[4 c .. 4 c + 3]
 //     (low nibbles: elements 4 c .. 4 c + 3, high nibbles: elements 16 + 4 c .. 16 + 4 c + 3);
 //   codes, Q8_0: 8 chunks of 64 bytes; chunk t, bytes 4 r .. 4 r + 3 = row r's q[4 t .. 4 t + 3].
 // A 64-byte chunk is one 512-bit register of 16 rows x 4 codes (AVX2: two of 8 rows); `vpdpbusd`
@@ -75,6 +76,12 @@ static constexpr bool Q8_XOR = false;
 static inline vi vi_bias128(vi a) { return a; }
 #endif
 
+// Bytes of one block of one row (a packed block of a group is 16 of them).
+template <int Q>
+static constexpr int64_t q8p_block_bytes() {
+  return Q == Q8_0 ? 34 : Q == Q4_0 ? 18 : 20;
+}
+
 static inline vi vi_bcast4(const int8_t* p) {
   int32_t v;
   memcpy(&v, p, 4);
@@ -86,7 +93,7 @@ static inline vi vi_bcast4(const int8_t* p) {
 template <int Q, int MC>
 static inline void q8p_lanes(const uint8_t* grp, int64_t nb, int h, const XForms& x, int64_t K,
                              float* y, int64_t ldy) {
-  constexpr int64_t BB = Q == Q8_0 ? 34 : Q == Q4_0 ? 18 : 20;
+  constexpr int64_t BB = q8p_block_bytes<Q>();
   constexpr int64_t HDR = Q == Q4_1 ? 64 : 32;
   constexpr int NP = MC <= 2 ? 2 : 1;  // NOTE: partial integer sums: shorter dot chains at small MC
   vf acc[MC];
@@ -103,7 +110,7 @@ static inline void q8p_lanes(const uint8_t* grp, int64_t nb, int h, const XForms
         vi_zero();
     if (Q == Q8_0) {
       _Pragma("GCC unroll 8") for (int t = 0; t < 8; ++t) {
-        const vi c = Q8_XOR ? vi_bias128(vi_load(codes + t * 64)) : vi_load(codes + t * 64);
+        const vi c = vi_bias128(vi_load(codes + t * 64));  // NOTE: the identity without XOR
         _Pragma("GCC unroll 8") for (int m = 0; m < MC; ++m) {
           const vi s = vi_bcast4(x.q8 + m * K + b * 32 + 4 * t);
           p[m][t % NP] = Q8_XOR ? vi_dot(p[m][t % NP], c, s) : vi_sdot(p[m][t % NP], c, s);
@@ -138,7 +145,7 @@ static constexpr int Q8P_MR = VW == 16 ? 8 : 4;
 template <int Q>
 static void q8p_rows(const XForms& x, int64_t M, int64_t K, const uint8_t* w, int64_t n0,
                      int64_t n1, float* y, int64_t ldy) {
-  constexpr int64_t BB = Q == Q8_0 ? 34 : Q == Q4_0 ? 18 : 20;
+  constexpr int64_t BB = q8p_block_bytes<Q>();
   const int64_t nb = K / 32;
   for (int64_t g = n0 / PACK_ROWS; g < n1 / PACK_ROWS; ++g) {
     const uint8_t* grp = w + g * nb * PACK_ROWS * BB;
@@ -147,7 +154,8 @@ static void q8p_rows(const XForms& x, int64_t M, int64_t K, const uint8_t* w, in
       int64_t m = 0;
       for (; m + Q8P_MR <= M; m += Q8P_MR)
         q8p_lanes<Q, Q8P_MR>(grp, nb, h, x.from_row(m, K), K, yg + m * ldy, ldy);
-      if (Q8P_MR > 4 && m + 4 <= M) q8p_lanes<Q, 4>(grp, nb, h, x.from_row(m, K), K, yg + m * ldy, ldy), m += 4;
+      if (Q8P_MR > 4 && m + 4 <= M)
+        q8p_lanes<Q, 4>(grp, nb, h, x.from_row(m, K), K, yg + m * ldy, ldy), m += 4;
       if (m + 2 <= M) q8p_lanes<Q, 2>(grp, nb, h, x.from_row(m, K), K, yg + m * ldy, ldy), m += 2;
       if (m < M) q8p_lanes<Q, 1>(grp, nb, h, x.from_row(m, K), K, yg + m * ldy, ldy);
     }
