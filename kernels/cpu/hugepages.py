@@ -38,6 +38,11 @@ def _madvise_huge(address: int, length: int) -> bool:
         return False
 
 
+def supported() -> bool:
+    """Whether this OS backs memory with transparent huge pages (Linux built with THP)."""
+    return sys.platform.startswith("linux") and os.path.isdir("/sys/kernel/mm/transparent_hugepage")
+
+
 class HugeArena:
     """Owns one anonymous mapping advised for huge pages (see the module docstring)."""
 
@@ -47,11 +52,7 @@ class HugeArena:
 
     def rehome(self, tensors: list[torch.Tensor]) -> list[torch.Tensor] | None:
         """Copies of contiguous CPU `tensors` in 2 MB-advised memory, or None (not possible)."""
-        if (
-            not sys.platform.startswith("linux")
-            or not tensors
-            or os.environ.get(DISABLE_ENV) == "0"
-        ):
+        if not supported() or not tensors or os.environ.get(DISABLE_ENV) == "0":
             return None
         sizes = [t.numel() * t.element_size() for t in tensors]
         offsets, total = [], 0

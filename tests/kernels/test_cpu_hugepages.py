@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
 
-from radixlm.kernels.cpu.hugepages import DISABLE_ENV, HugeArena
+from radixlm.kernels.cpu.hugepages import DISABLE_ENV, HugeArena, supported
 
-linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise: Linux only")
+linux = pytest.mark.skipif(not supported(), reason="no transparent huge pages (Linux with THP)")
 
 
 def _vm_flags(address: int) -> str:

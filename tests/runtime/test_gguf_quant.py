@@ -7,7 +7,6 @@ de-quantised to fp32; the 32-value block types run on Q8 activations, within 2 %
 from __future__ import annotations
 
 import ctypes
-import sys
 
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ from gguf.quants import quantize
 from kquant_blocks import random_kquant_blocks
 
 from radixlm.bench.cpu_profile import decode_steps
-from radixlm.kernels.cpu import build
+from radixlm.kernels.cpu import build, hugepages
 from radixlm.kernels.cpu import linear as cl
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.models.loader import resolve_model
@@ -95,7 +94,7 @@ def test_blocks_stay_quantised_and_match_fp32(tmp_path, qtype: str) -> None:
     qkv = quant.model.layers[0].self_attn.qkv_proj
     assert qkv.weight.numel() == 0 and qkv.cpu_impl.blocks.dtype == torch.uint8
     assert quant.cpu.head is not None and quant.cpu.head.mode == qtype
-    if sys.platform.startswith("linux"):  # the streamed weights live in the 2 MB-page arena
+    if hugepages.supported():  # the streamed weights live in the 2 MB-page arena
         arena = quant.model.cpu_weight_arena
         assert arena is not None and arena.mappings
         lo = min(ctypes.addressof(ctypes.c_char.from_buffer(m)) for m in arena.mappings)
