@@ -242,8 +242,8 @@ def _check_gemv(bench: Bench, dtype: torch.dtype) -> None:
 
     def check_activation(m: int, n: int) -> Row:
         x = (4 * torch.randn(m, 2 * n, device=dev)).to(dtype)
-        ref = activation.silu_and_mul_ref(x).float()
-        err = _err(activation.silu_and_mul(x).float(), ref) / ref.abs().max().item()
+        ref = activation.act_and_mul_ref(x).float()
+        err = _err(activation.act_and_mul(x).float(), ref) / ref.abs().max().item()
         return Row("check", f"silu_and_mul {m}x{n}", err, "rel", tol, None, "", err <= tol)
 
     for n, k in shapes:

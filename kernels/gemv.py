@@ -16,11 +16,11 @@ Layouts:
     w: [N, K] row-major (the nn.Linear layout), same dtype as x (bf16/fp16/fp32), or
        float8_e4m3fn with `w_scale` [N] fp32 (a layer of `quantization="fp8"`): a weight-only FP8
        GEMV, each row's dot products scaled by its w_scale at the end, x kept in its dtype
-    returns [M, N] in x's dtype; with `gated=True` (Llama's gate_up: W stacks gate and up, N =
-    2 * I) returns `silu(gate) * up` [M, I] instead: each program streams gate row j and up row
-    I + j side by side (rows 2b and 2b + 1 of its tile) and applies the activation to its own
-    accumulators before the store, so no [M, 2 * I] intermediate is written (the rounding is the
-    activation kernel's, `kernels.activation.silu_gate`).
+    returns [M, N] in x's dtype; with `gated=True` (a gated MLP's gate_up: W stacks gate and up,
+    N = 2 * I) returns `act(gate) * up` [M, I] instead (`activation`: "silu" or "gelu_tanh"):
+    each program streams gate row j and up row I + j side by side (rows 2b and 2b + 1 of its
+    tile) and applies the activation to its own accumulators before the store, so no [M, 2 * I]
+    intermediate is written (the rounding is the activation kernel's, `kernels.activation`).
 The runtime does not assume this beats cuBLAS: `radixlm.runtime.models.gemm_select` times both
 once per weight shape on the GPU (inside CUDA graphs, weights cold in L2) and keeps the faster.
 """
@@ -41,16 +41,20 @@ from radixlm.kernels._triton import (
     require_triton,
     tl,
 )
-from radixlm.kernels.activation import silu_and_mul_ref, silu_gate
+from radixlm.kernels.activation import ACTIVATIONS, act_and_mul_ref, gated_act
 
 
 def gemv_ref(
-    x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor | None = None, gated: bool = False
+    x: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor | None = None,
+    gated: bool = False,
+    activation: str = "silu",
 ) -> torch.Tensor:
     """Reference: fp32 accumulation, result in x's dtype (then the activation, if gated)."""
     y = x.float() @ w.float().t()
     y = (y if w_scale is None else y * w_scale.float()).to(x.dtype)
-    return silu_and_mul_ref(y) if gated else y
+    return act_and_mul_ref(y, activation) if gated else y
 
 
 @jit
@@ -68,14 +72,16 @@ def _tile_rows(row_block, offs_b, N, BLOCK_N: tl.constexpr, GATED: tl.constexpr)
 @jit
 def _store_tile(
     acc, Out, WScale, rows, row_block, offs_m, mask_m, N, stride_om,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr, HAS_SCALE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
 ):  # fmt: skip
-    """Scale (FP8 rows), activate (gated) and store one row block's [BLOCK_M, BLOCK_N] sums."""
+    """Scale (FP8 rows), activate (gated; ACT indexes `activation.ACTIVATIONS`) and store one row
+    block's [BLOCK_M, BLOCK_N] sums."""
     if HAS_SCALE:
         acc = acc * tl.load(WScale + rows)[None, :]
     if GATED:
         gate, up = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
-        vals = silu_gate(gate, up, Out.dtype.element_ty)
+        vals = gated_act(gate, up, Out.dtype.element_ty, ACT)
         offs_n = row_block * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
         n_out = N // 2
     else:
@@ -113,6 +119,7 @@ def _gemv_kernel(
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
     GATED: tl.constexpr,
+    ACT: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -138,7 +145,7 @@ def _gemv_kernel(
         w = w_next
     _store_tile(
         acc, Out, WScale, rows, pid, offs_m, mask_m, N, stride_om,
-        BLOCK_M, BLOCK_N, GATED, HAS_SCALE,
+        BLOCK_M, BLOCK_N, GATED, ACT, HAS_SCALE,
     )  # fmt: skip
 
 
@@ -161,6 +168,7 @@ def _gemv_persistent_kernel(
     K_TILES: tl.constexpr,
     EVEN_K: tl.constexpr,
     GATED: tl.constexpr,
+    ACT: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -202,7 +210,7 @@ def _gemv_persistent_kernel(
             rows = _tile_rows(block, offs_b, N, BLOCK_N, GATED)
             _store_tile(
                 acc, Out, WScale, rows, block, offs_m, mask_m, N, stride_om,
-                BLOCK_M, BLOCK_N, GATED, HAS_SCALE,
+                BLOCK_M, BLOCK_N, GATED, ACT, HAS_SCALE,
             )  # fmt: skip
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         t = nt
@@ -242,9 +250,10 @@ def gemv(
     num_stages: int | None = None,
     w_scale: torch.Tensor | None = None,
     gated: bool = False,
+    activation: str = "silu",
 ) -> torch.Tensor:
     """`x @ w.T` for small M (times `w_scale` per output feature for an FP8 `w`; then
-    `silu(gate) * up` over its two halves if `gated`).
+    `act(gate) * up` over its two halves if `gated`, act named by `activation`).
 
     `per_sm` > 0 launches the persistent kernel with that many programs per SM, at most as many
     as can be resident together (off CUDA, e.g. in the interpreter, `per_sm` programs in all)."""
@@ -263,7 +272,8 @@ def gemv(
     block_k = min(block_k, next_power_of_2(k))
     common = dict(
         BLOCK_M=max(1, next_power_of_2(m)), BLOCK_N=block_n, BLOCK_K=block_k,
-        EVEN_K=k % block_k == 0, GATED=gated, HAS_SCALE=w_scale is not None, num_warps=num_warps,
+        EVEN_K=k % block_k == 0, GATED=gated, ACT=ACTIVATIONS.index(activation),
+        HAS_SCALE=w_scale is not None, num_warps=num_warps,
         **pdl_launch_args(x.device),
         **({} if num_stages is None else {"num_stages": num_stages}),
     )  # fmt: skip

@@ -57,19 +57,23 @@ class GemmaEmbedding(Embedding):
 
 
 class GemmaMLP(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    """`down(gelu_tanh(gate) * up)`: the activation runs in gate_up's GEMV epilogue or its fused
+    kernel on GPU (`Linear`'s gated output)."""
+
+    def __init__(self, config: ModelConfig, fused: bool = False) -> None:
         super().__init__()
         if config.hidden_act not in ("gelu_pytorch_tanh", "gelu_tanh"):
             from radixlm.runtime.models.registry import UnsupportedModelError
 
             raise UnsupportedModelError(f"Gemma activation {config.hidden_act!r}")
         inter = config.intermediate_size
-        self.gate_up_proj = Linear(config.hidden_size, 2 * inter)  # [gate; up] rows
+        self.gate_up_proj = Linear(
+            config.hidden_size, inter, gated_output=True, fused=fused, activation="gelu_tanh"
+        )  # [gate; up] rows
         self.down_proj = row_linear(inter, config.hidden_size)  # all-reduced at TP > 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+        return self.down_proj(self.gate_up_proj(x))
 
 
 class GemmaDecoderLayer(nn.Module):
@@ -77,7 +81,7 @@ class GemmaDecoderLayer(nn.Module):
         super().__init__()
         h, eps = config.hidden_size, config.rms_norm_eps
         self.self_attn = self_attn
-        self.mlp = GemmaMLP(config)
+        self.mlp = GemmaMLP(config, fused)
         self.input_layernorm = GemmaRMSNorm(h, eps, fused)
         self.post_attention_layernorm = GemmaRMSNorm(h, eps, fused)
         self.pre_feedforward_layernorm = GemmaRMSNorm(h, eps, fused)

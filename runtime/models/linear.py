@@ -20,9 +20,9 @@ from radixlm.runtime.models.gemm_select import bucket_of
 class Linear(nn.Module):
     """`y = x W^T (+ b)` with uninitialised parameters (weights always come from a loader).
 
-    `gated_output`: W stacks Llama's gate and up projections ([2 * out_features, in]) and the
-    layer returns `silu(gate) * up` ([.., out_features]); `fused` runs that activation as a Triton
-    kernel (GPU). `small_m_cfg` (set on GPU by `gemm_select.select_decode_gemms`) holds, per
+    `gated_output`: W stacks a gated MLP's gate and up projections ([2 * out_features, in]) and
+    the layer returns `act(gate) * up` ([.., out_features]), act named by `activation` ("silu":
+    Llama; "gelu_tanh": Gemma); `fused` runs that activation as a Triton kernel (GPU). `small_m_cfg` (set on GPU by `gemm_select.select_decode_gemms`) holds, per
     decode batch-size bucket, the launch config of the Triton GEMV (`kernels.gemv`) that beat
     cuBLAS for this layer, or None to keep cuBLAS (gated: with `silu(gate) * up` in the GEMV's
     epilogue). After `quantize_fp8()` (`fp8`) the weight
@@ -36,6 +36,7 @@ class Linear(nn.Module):
         bias: bool = False,
         gated_output: bool = False,
         fused: bool = False,
+        activation: str = "silu",
     ) -> None:
         super().__init__()
         assert not (bias and gated_output), "a bias before the activation is not supported"
@@ -43,6 +44,7 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(rows, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(rows), requires_grad=False) if bias else None
         self.gated_output = gated_output
+        self.activation = activation
         self.fused = fused
         self.small_m_cfg: list[dict | None] | None = None
         self.fp8 = False
@@ -92,7 +94,7 @@ class Linear(nn.Module):
         fp8_rows = self.weight.dtype == torch.float8_e4m3fn
         scale = {"w_scale": self.weight_scale} if fp8_rows else {}
         if self.gated_output:  # the activation runs in the GEMV's epilogue
-            return gemv(x, self.weight, **cfg, **scale, gated=True)
+            return gemv(x, self.weight, **cfg, **scale, gated=True, activation=self.activation)
         y = gemv(x, self.weight, **cfg, **scale)
         return y if self.bias is None else y + self.bias
 
@@ -105,18 +107,17 @@ class Linear(nn.Module):
         return self._activate(F.linear(x, self.weight, self.bias))
 
     def _activate(self, y: torch.Tensor) -> torch.Tensor:
-        """`silu(gate) * up` of a gated output, else y."""
+        """`act(gate) * up` of a gated output, else y."""
         if not self.gated_output:
             return y
-        if self.fused:
-            from radixlm.kernels.activation import silu_and_mul
+        from radixlm.kernels import activation
 
-            return silu_and_mul(y)
-        if self.cpu_impl is not None:  # NOTE: the one-call decode step's numbers (activation.h)
+        if self.fused:
+            return activation.act_and_mul(y, self.activation)
+        if self.cpu_impl is not None and self.activation == "silu":
             from radixlm.kernels.cpu.activation import silu_mul
 
-            out = silu_mul(y)
+            out = silu_mul(y)  # NOTE: the one-call decode step's numbers (activation.h)
             if out is not None:
                 return out
-        gate, up = y.chunk(2, dim=-1)
-        return F.silu(gate) * up
+        return activation.act_and_mul_ref(y, self.activation)

@@ -1,13 +1,14 @@
-"""Small-batch GEMV kernels (plain and persistent) against their reference, Llama's activation
-kernel against torch, and the Linear layer's use of a selected kernel."""
+"""Small-batch GEMV kernels (plain and persistent) against their reference, the gated MLP
+activation kernels (SiLU, tanh GELU) against torch, and the Linear layer's use of a selected kernel."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from radixlm.kernels._triton import pdl_enabled, pdl_launch_args
-from radixlm.kernels.activation import silu_and_mul
+from radixlm.kernels.activation import act_and_mul, act_and_mul_ref
 from radixlm.kernels.gemv import GEMV_CONFIGS, gemv, gemv_ref
 
 PERSISTENT = next(c for c in GEMV_CONFIGS if c.get("per_sm"))
@@ -28,18 +29,22 @@ def test_gemv_matches_reference(device, m, n, k, config) -> None:
 @pytest.mark.parametrize("m", [1, 3])
 @pytest.mark.parametrize("inter", [40, 37])
 @pytest.mark.parametrize("config", [PERSISTENT, PLAIN], ids=["persistent", "plain"])
-def test_gated_gemv_is_the_product_then_the_activation(device, m, inter, config) -> None:
-    """`gated=True` (Llama's gate_up, odd I included): the activation of the plain product, the
-    same roundings as the GEMV followed by the activation kernel."""
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_gated_gemv_is_the_product_then_the_activation(
+    device, m, inter, config, activation
+) -> None:
+    """`gated=True` (a gated MLP's gate_up, odd I included): the activation of the plain product,
+    the same roundings as the GEMV followed by the activation kernel."""
     x = (0.3 * torch.randn(m, 96, device=device)).bfloat16()
     w = (0.3 * torch.randn(2 * inter, 96, device=device)).bfloat16()
     cfg = {**config, "block_n": 4, "block_k": 32}  # 2 outputs per tile: a ragged last tile
-    out = gemv(x, w, **cfg, gated=True)
+    out = gemv(x, w, **cfg, gated=True, activation=activation)
     assert out.shape == (m, inter) and out.dtype == torch.bfloat16
     # The same sums as the plain GEMV's, rounded the same: the activation kernel's output on it.
-    torch.testing.assert_close(out, silu_and_mul(gemv(x, w, **cfg)), rtol=0, atol=0)
+    torch.testing.assert_close(out, act_and_mul(gemv(x, w, **cfg), activation), rtol=0, atol=0)
     # Another summation order may move a product one bf16 ulp (then amplified by the activation).
-    torch.testing.assert_close(out, gemv_ref(x, w, gated=True), rtol=4e-2, atol=1e-2)
+    ref = gemv_ref(x, w, gated=True, activation=activation)
+    torch.testing.assert_close(out, ref, rtol=4e-2, atol=1e-2)
 
 
 def test_gemv_bf16(device) -> None:
@@ -51,16 +56,15 @@ def test_gemv_bf16(device) -> None:
 
 @pytest.mark.parametrize("shape", [(3, 2 * 40), (2, 5, 2 * 1100), (0, 2 * 8)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_silu_and_mul_matches_torch(device, shape, dtype) -> None:
-    from radixlm.kernels.activation import silu_and_mul_ref
-
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_act_and_mul_matches_torch(device, shape, dtype, activation) -> None:
     x = (4 * torch.randn(shape, device=device)).to(dtype)
-    out = silu_and_mul(x)
+    out = act_and_mul(x, activation)
     assert out.shape == (*shape[:-1], shape[-1] // 2) and out.dtype == dtype
-    # Same roundings as torch (bit-equal on the H200); the interpreter's bf16 casts may land one
-    # ulp away.
-    tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 1.6e-2, "atol": 1e-3}
-    torch.testing.assert_close(out, silu_and_mul_ref(x), **tol)
+    # Same roundings as torch (SiLU bit-equal on the H200); the interpreter's bf16 casts may land
+    # one ulp away, and GELU's tanh (from exp here, torch's own tanh there) a few fp32 ulps.
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1.6e-2, "atol": 1e-3}
+    torch.testing.assert_close(out, act_and_mul_ref(x, activation), **tol)
 
 
 def test_pdl_is_off_off_cuda() -> None:
@@ -99,31 +103,37 @@ def test_linear_uses_the_selected_small_batch_kernel(device, gemv_calls) -> None
     assert gemv_calls == [(3, cfg)]
 
 
-def test_gated_linear_uses_the_gated_small_batch_kernel(device, gemv_calls) -> None:
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_gated_linear_uses_the_gated_small_batch_kernel(device, gemv_calls, activation) -> None:
     from radixlm.runtime.models.llama import Linear
 
-    layer = Linear(96, 40, gated_output=True, fused=True).to(device)
+    layer = Linear(96, 40, gated_output=True, fused=True, activation=activation).to(device)
     layer.weight.data.normal_()
     x = torch.randn(1, 96, device=device)
     expected = layer(x)  # cuBLAS, then the activation kernel
     cfg = {**PLAIN, "block_k": 64}
     layer.small_m_cfg = [cfg, None, None]
     out = layer(x)
-    assert gemv_calls == [(1, {**cfg, "gated": True})] and out.shape == (1, 40)
+    assert gemv_calls == [(1, {**cfg, "gated": True, "activation": activation})]
+    assert out.shape == (1, 40)
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
 
 
-def test_gated_linear_fused_activation_matches_torch(device) -> None:
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_gated_linear_fused_activation_matches_torch(device, activation) -> None:
     from radixlm.runtime.models.llama import Linear
 
-    plain = Linear(96, 40, gated_output=True).to(device)
+    plain = Linear(96, 40, gated_output=True, activation=activation).to(device)
     plain.weight.data.normal_()
-    fused = Linear(96, 40, gated_output=True, fused=True).to(device)
+    fused = Linear(96, 40, gated_output=True, fused=True, activation=activation).to(device)
     fused.weight.data.copy_(plain.weight.data)
     x = torch.randn(5, 96, device=device)
     out = fused(x)
     assert out.shape == (5, 40)
     torch.testing.assert_close(out, plain(x), rtol=1e-5, atol=1e-5)
+    gate, up = F.linear(x, plain.weight).chunk(2, dim=-1)  # the activation named, from torch
+    act = F.silu(gate) if activation == "silu" else F.gelu(gate, approximate="tanh")
+    torch.testing.assert_close(out, act * up, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("config", [PERSISTENT, PLAIN], ids=["persistent", "plain"])
@@ -141,4 +151,4 @@ def test_gemv_fp8_weights(device, config) -> None:
     torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=5e-2)
     torch.testing.assert_close(out, gemv_ref(x, w_q, scale))
     gated = gemv(x, w_q, w_scale=scale, **cfg, gated=True)
-    torch.testing.assert_close(gated, silu_and_mul(out), rtol=0, atol=0)
+    torch.testing.assert_close(gated, act_and_mul(out), rtol=0, atol=0)
