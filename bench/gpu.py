@@ -9,6 +9,7 @@ Sections (`--sections`, comma-separated, all by default):
   decode    radixlm batch-1 decode vs the bandwidth roofline (weights + KV bytes per step over the
             copy bandwidth measured in this run), batch 8 / 64, CUDA graphs on vs off; the model
             alone at batch 1 with FP8 weights against its own (halved-weight) roofline
+            (`--decode-batch-sizes 1 --decode-graphs-only`: batch 1 with graphs only)
   offline   512 requests x 1024 random input tokens / 256 output tokens, throughput vs `hf`;
             in bf16, with FP8 weights, an FP8 KV cache, and both (`--offline-variants`); next to
             the workload's bound from the sustained GEMM rate and the copy bandwidth (gpu_offline)
@@ -173,10 +174,11 @@ def section_decode(args: argparse.Namespace) -> None:
     step_bytes = weight_bytes(cfg) + avg_ctx * kv_bytes_per_token(cfg)
     roofline = bw * 1e9 / step_bytes
     out["batch1_roofline_tok_s"] = round(roofline, 1)
-    for graphs in (True, False):
-        eng = engine(args.model, disable_cuda_graph=not graphs, cuda_graph_max_bs=64)
+    sizes = [int(b) for b in args.decode_batch_sizes.split(",")]
+    for graphs in (True, False)[: 1 if args.decode_graphs_only else 2]:
+        eng = engine(args.model, disable_cuda_graph=not graphs, cuda_graph_max_bs=max(sizes))
         try:
-            for bs in (1, 8, 64):
+            for bs in sizes:
                 rate = _decode_rate(eng, bs, prompt_len, new, cfg.vocab_size)
                 key = f"decode_bs{bs}_{'graphs' if graphs else 'eager'}_tok_s"
                 out[key] = round(rate, 1)
@@ -184,7 +186,7 @@ def section_decode(args: argparse.Namespace) -> None:
         finally:
             eng.shutdown()
     out["batch1_fraction_of_roofline"] = round(out["decode_bs1_graphs_tok_s"] / roofline, 3)
-    for bs in (1, 64):
+    for bs in sorted({1, 64} & {1, *sizes}):
         rate = _runner_decode_tok_s(args.model, bs, int(avg_ctx))
         gc.collect()  # the runner's weights, KV pool and graphs go with it
         torch.cuda.empty_cache()
@@ -347,8 +349,16 @@ def main(argv: list[str] | None = None) -> int:
         default=OUTPUT_LEN,
         help="new tokens of transformers' batch-64 run (the offline workload's, by default)",
     )
+    parser.add_argument(
+        "--decode-batch-sizes", default="1,8,64", help="decode section: batch sizes (1 always)"
+    )
+    parser.add_argument(
+        "--decode-graphs-only", action="store_true", help="decode section: skip the eager pass"
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    if "1" not in args.decode_batch_sizes.split(","):
+        args.decode_batch_sizes = "1," + args.decode_batch_sizes
     import torch
 
     if not torch.cuda.is_available():
