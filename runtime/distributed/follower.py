@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from radixlm.runtime.distributed.comm import all_gather, broadcast, broadcast_host
+from radixlm.runtime.distributed.head_parts import gather_vocab_weights
 from radixlm.runtime.distributed.lockstep import (
     HEADER_LEN,
     Journal,
@@ -50,6 +51,12 @@ class Follower:
                 self.forward(*fields[:6])
             elif op == Op.VERIFY:
                 self.verify(*fields[:4])
+            elif op == Op.CAPTURE:
+                on, k = fields[:2]
+                layers = self.recv_host(k)
+                self.runner.set_hidden_capture(tuple(layers) if on else None)
+            elif op == Op.GATHER_VOCAB:
+                gather_vocab_weights(self.runner.model)
             elif op == Op.LOGITS:
                 kind, a, b = fields[:3]
                 rows = slice(a, b) if kind == LogitsKind.RANGE else self.recv_device(b)

@@ -10,10 +10,17 @@ plain `ModelRunner`, whose step path has no broadcast, no journal and no extra s
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
+from torch import nn
 
 from radixlm.runtime.distributed.comm import all_gather, broadcast, broadcast_host
+from radixlm.runtime.distributed.head_parts import (
+    check_head_target,
+    gather_vocab_weights,
+    head_parts,
+)
 from radixlm.runtime.distributed.lockstep import (
     Journal,
     LogitsKind,
@@ -145,6 +152,22 @@ class LeaderModelRunner(ModelRunner):
             self._send(header(Op.LOGITS, LogitsKind.RANGE, 0, hidden.shape[0]))
         else:
             self._send(header(Op.LOGITS, LogitsKind.ROWS, 0, rows.numel()), device=[rows])
+
+    def set_hidden_capture(self, layers: tuple[int, ...] | None) -> None:
+        if self._leading:
+            self._check_no_pending()
+            on = layers is not None
+            self._send(header(Op.CAPTURE, int(on), len(layers or ())), list(layers or ()))
+        super().set_hidden_capture(layers)
+
+    def whole_vocab_parts(self) -> tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
+        """Rank-0-local copies of the whole embedding and logits for a draft head
+        (head_parts.py); raises InvalidRequestError, sending nothing, for a target it cannot
+        serve."""
+        check_head_target(self.model)
+        self._check_no_pending()
+        self._send(header(Op.GATHER_VOCAB))
+        return head_parts(gather_vocab_weights(self.model))
 
     # ---- control -------------------------------------------------------------------------------
     def keep_alive(self) -> None:

@@ -29,6 +29,12 @@ On the CPU both go over the one gloo group.
              as a LOGITS message (rank 0's acceptance decides alone: every accept / reject,
              every freed slot is rank 0's, and the commit's table writes reach the followers
              in the next message's journal).
+    CAPTURE  header (on, K); host ints: K layer indices: `set_hidden_capture` (a draft head's
+             target capture, or None when `on` is 0) on every rank, so that every rank runs
+             the same layer path (the capturing path cuts no rows: the collectives' shapes
+             must match).
+    GATHER_VOCAB  every rank's vocabulary rows of the embedding and LM head, all-gathered to
+             rank 0's draft head (head_parts.py); the followers drop theirs.
     IDLE     keep-alive while rank 0 has nothing to run (a follower's wait is a collective,
              bounded by the process group's timeout).
     CHECK    header (J, S); the journal (as FORWARD: a verify step's commit writes the table
@@ -60,6 +66,8 @@ class Op(IntEnum):
     IDLE = 3
     CHECK = 4
     VERIFY = 5
+    CAPTURE = 6
+    GATHER_VOCAB = 7
 
 
 class LogitsKind(IntEnum):

@@ -24,7 +24,10 @@ KV accounting: the draft's pool and rows exist on rank 0 only (nothing on anothe
 drift); the target's accounting is rank 0's alone as at any TP size, and every rank sizes the
 target's pool with the draft in the budget (`draft_memory`, then the group's minimum), so the
 ranks' capacities agree. The cost: rank 0's device holds the draft's weights and KV (the others
-leave that room unused) and drafting does not get faster with more ranks.
+leave that room unused) and drafting does not get faster with more ranks. A draft head reads
+rank-0 copies of the target's whole embedding and LM head, gathered once from every rank's
+vocabulary rows (runtime/distributed/head_parts.py), and the target's hidden-state capture is set
+on every rank alike (a lock-step message), so that every rank runs the same layer path.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ def draft_shape(args: ServerArgs) -> DraftShape:
 def build_draft_proposer(args: ServerArgs, target: ModelRunner) -> DraftModelProposer:
     """The proposer for `args.speculative_algorithm` (one of DRAFT_ALGORITHMS). Raises
     InvalidRequestError naming the flag when the draft does not fit the algorithm or the target."""
+    from radixlm.runtime.distributed.leader import LeaderModelRunner
     from radixlm.runtime.executor.model_runner import ModelRunner
     from radixlm.runtime.models.eagle import DraftHead
 
@@ -119,9 +123,13 @@ def build_draft_proposer(args: ServerArgs, target: ModelRunner) -> DraftModelPro
         cuda_graph_max_bs=graph_bs * shape.topk,
     )
 
+    parts = (target.model.embed_tokens, target.compute_logits)
+    if eagle and isinstance(target, LeaderModelRunner):
+        parts = target.whole_vocab_parts()  # NOTE: a collective: before `single_rank`
+
     def bind(model) -> None:
         if isinstance(model, DraftHead):
-            model.bind_target(target.model.embed_tokens, target.compute_logits)
+            model.bind_target(*parts)
 
     try:
         # NOTE: at tp_size > 1 the draft lives on rank 0 alone (module docstring)

@@ -19,11 +19,14 @@ from typing import Any
 import pytest
 import torch
 from distributed.tp_workload import CONFIG, check_same, run_workload
-from speculative.draft_heads import save_llama
+from speculative.draft_heads import save_head, save_llama
 
 from radixlm.runtime.models.loader import resolve_model
+from tests_helpers import PARITY_PROMPTS, wait_idle_and_check
 
 SPEC = {"speculative_verify_all": True}
+HEAD_PROMPTS = [PARITY_PROMPTS[6], PARITY_PROMPTS[0], PARITY_PROMPTS[7]]
+TINY_GREEDY = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
 
 
 def run_spec_engine(config: dict[str, Any], **spec: Any) -> dict[str, Any]:
@@ -79,3 +82,45 @@ def test_nccl_tp2_ngram() -> None:
     got = run_spec_engine(gpu, speculative_algorithm="NGRAM")
     check_same(ref, got, 2)
     check_speculated(got)
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory) -> dict[str, Any]:
+    """A tiny random Llama with the default model's vocabulary (4 heads, 2 KV heads: one per rank
+    at TP=2; an untied LM head), its greedy outputs at TP=1 without speculation, and the two
+    random heads for it."""
+    from radixlm.runtime.frontend.engine import Engine
+    from radixlm.runtime.models.default_model import default_model_path
+
+    vocab = resolve_model(None, "auto").config.vocab_size
+    paths = {k: str(tmp_path_factory.mktemp(k.lower())) for k in ("target", "EAGLE", "EAGLE3")}
+    save_llama(paths["target"], seed=0, vocab=vocab)
+    for kind in ("EAGLE", "EAGLE3"):
+        save_head(paths[kind], kind, seed=1, vocab=vocab)
+    config = {**CONFIG, "model_path": paths["target"], "tokenizer_path": default_model_path()}
+    engine = Engine(**config)
+    try:
+        ref = engine.generate(HEAD_PROMPTS, TINY_GREEDY)
+        wait_idle_and_check(engine)
+    finally:
+        engine.shutdown()
+    return {"config": config, "paths": paths, "ids": [o["output_ids"] for o in ref]}
+
+
+@pytest.mark.parametrize("algo", ["EAGLE", "EAGLE3"])
+def test_tp2_draft_head_matches_tp1(tiny_target: dict[str, Any], algo: str) -> None:
+    """A draft head at TP=2 (rank 0 runs it on gathered copies of the target's embedding and LM
+    head; every rank captures the target's layers alike): TP=1's greedy tokens, a tree draft."""
+    from radixlm.runtime.frontend.engine import Engine
+
+    engine = Engine(tp_size=2, **tiny_target["config"], **SPEC, speculative_algorithm=algo,
+                    speculative_draft_model_path=tiny_target["paths"][algo],
+                    speculative_eagle_topk=2)  # fmt: skip
+    try:
+        outs = engine.generate(HEAD_PROMPTS, TINY_GREEDY)
+        wait_idle_and_check(engine)
+        info = engine.get_server_info()
+    finally:
+        engine.shutdown()
+    assert [o["output_ids"] for o in outs] == tiny_target["ids"]
+    assert info["spec_verify_steps"] > 0 and info["spec_draft_tokens"] > 0
