@@ -81,12 +81,18 @@ class Follower:
         lists = host[3 * j :]
         body = payload[:body_n]
         if decode:
-            self.hidden = self.runner.forward(self.decode_batch(body.view(5, b), lists))
+            self.hidden = self.run_forward(self.decode_batch(body.view(5, b), lists))
             self.runner.compute_logits(self.hidden)  # the decode step's implicit LOGITS
             return
-        self.hidden = self.runner.forward(
+        self.hidden = self.run_forward(
             self.extend_batch(body, lists[:b], lists[b : 2 * b], lists[2 * b :], n_logits >= 0)
         )
+
+    def run_forward(self, batch: ForwardBatch) -> torch.Tensor:
+        hidden = self.runner.forward(batch)
+        # NOTE: with a draft head's capture on (CAPTURE), only rank 0's head reads the rows
+        self.runner.take_hidden()
+        return hidden
 
     def replay(self, host: list[int], slots: torch.Tensor) -> None:
         """Rank 0's `req_to_token` writes: `host` its J rows, J starts and J lengths."""
@@ -104,7 +110,7 @@ class Follower:
         # NOTE: `verify_forward_batch` reads the layout's mask and positions only (not depths)
         layout = TreeLayout(mask.view(b, n, w).to(torch.int32), pos.view(b, n), pos.view(b, n))
         batch = verify_forward_batch(ids, rows, host[3 * j :], loc.view(b, n), layout)
-        self.hidden = self.runner.forward(batch)
+        self.hidden = self.run_forward(batch)
 
     def decode_batch(self, cols: torch.Tensor, seq_lens: list[int]) -> ForwardBatch:
         """The decode inputs in this runner's input buffer (a CUDA graph's static inputs), and

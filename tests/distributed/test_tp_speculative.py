@@ -9,7 +9,9 @@ verify steps run whatever the gate would measure on this machine.
 NGRAM drafts well on the counting and story prompts and not on the others; a STANDALONE draft is
 a tiny random Llama with the default model's vocabulary (rank 0 alone holds it,
 runtime/speculative/draft_setup.py), whose drafts are mostly rejected: the verify step's reject
-path and the draft's own KV on rank 0. On two GPUs: NGRAM over NCCL (`test_nccl_tp2_ngram`).
+path and the draft's own KV on rank 0. Draft heads (EAGLE, EAGLE3) on a tiny random target with
+the default model's vocabulary. On two GPUs: NGRAM and STANDALONE over NCCL
+(`test_nccl_tp2_speculation`).
 """
 
 from __future__ import annotations
@@ -68,9 +70,10 @@ def test_tp2_standalone_draft_matches_tp1(reference: dict[str, Any], tmp_path) -
 @pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA devices"
 )
-def test_nccl_tp2_ngram() -> None:
-    """NGRAM at TP=2 over NCCL (decode steps from CUDA graphs, verify steps eager, as at TP=1)
-    against TP=1 without speculation, fp32."""
+def test_nccl_tp2_speculation(tmp_path) -> None:
+    """NGRAM and a STANDALONE draft at TP=2 over NCCL (the target's decode steps and the draft's
+    steps from CUDA graphs, verify steps eager as at TP=1) against TP=1 without speculation,
+    fp32."""
     from radixlm.runtime.frontend.engine import Engine
 
     gpu = {**CONFIG, "device": "cuda"}
@@ -80,6 +83,12 @@ def test_nccl_tp2_ngram() -> None:
     finally:
         engine.shutdown()
     got = run_spec_engine(gpu, speculative_algorithm="NGRAM")
+    check_same(ref, got, 2)
+    check_speculated(got)
+    save_llama(str(tmp_path), seed=5, hidden=32, layers=1, heads=2,
+               vocab=resolve_model(None, "auto").config.vocab_size)  # fmt: skip
+    got = run_spec_engine(gpu, speculative_algorithm="STANDALONE",
+                          speculative_draft_model_path=str(tmp_path))  # fmt: skip
     check_same(ref, got, 2)
     check_speculated(got)
 
