@@ -41,6 +41,16 @@ def run_spec_engine(config: dict[str, Any], **spec: Any) -> dict[str, Any]:
         engine.shutdown()
 
 
+def test_a_head_needs_a_llama_style_target() -> None:
+    """Refused by name at start-up (before rank 0 sends anything), not a hang or a wrong head."""
+    from radixlm.runtime.distributed.head_parts import check_head_target
+    from radixlm.runtime.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError) as err:
+        check_head_target(torch.nn.Linear(2, 2))
+    assert err.value.field == "speculative_algorithm"
+
+
 def check_speculated(got: dict[str, Any]) -> None:
     info = got["info"]
     assert info["spec_verify_steps"] > 0 and info["spec_draft_tokens"] > 0

@@ -284,6 +284,21 @@ def test_draft_memory_estimate(paths, algo, draft) -> None:
     )
 
 
+@pytest.mark.parametrize("algo,draft", [("STANDALONE", "small"), ("EAGLE", "EAGLE"),
+                                        ("EAGLE3", "EAGLE3")])  # fmt: skip
+def test_draft_memory_at_tp_counts_the_heads_vocab_copies(paths, algo, draft) -> None:
+    """At tp_size > 1 a head reads rank-0 copies of the target's whole embedding and (untied) LM
+    head (runtime/distributed/head_parts.py): every rank's pool leaves room for them."""
+    target = resolve_model(paths["target"]).config
+    bytes_at = {}
+    for tp in (1, 2):
+        args = ServerArgs(model_path=paths["target"], speculative_algorithm=algo,
+                          speculative_draft_model_path=paths[draft], tp_size=tp)  # fmt: skip
+        bytes_at[tp] = draft_memory(args, torch.bfloat16, torch.bfloat16, target).weight_bytes
+    copies = 0 if algo == "STANDALONE" else 1 + (not target.tie_word_embeddings)
+    assert bytes_at[2] - bytes_at[1] == 2 * copies * target.vocab_size * target.hidden_size
+
+
 def test_target_capture_equals_the_reference_layers(paths, tmp_path) -> None:
     """The target's capture (`set_hidden_capture`) keeps, for every row of a prefill, the inputs
     of the named layers and the final normed state, equal to the dense reference's; off, a
