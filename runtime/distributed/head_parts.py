@@ -33,7 +33,7 @@ def check_head_target(model: nn.Module) -> None:
 
     embed, head = getattr(model, "embed_tokens", None), getattr(model, "lm_head", None)
     ok = (
-        type(model).compute_logits is LlamaForCausalLM.compute_logits
+        getattr(type(model), "compute_logits", None) is LlamaForCausalLM.compute_logits
         and isinstance(embed, VocabParallelEmbedding)
         and not embed.scale
         and (head is None or (isinstance(head, ParallelLMHead) and not head.fp8))
