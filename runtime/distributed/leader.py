@@ -154,11 +154,13 @@ class LeaderModelRunner(ModelRunner):
             self._send(header(Op.LOGITS, LogitsKind.ROWS, 0, rows.numel()), device=[rows])
 
     def set_hidden_capture(self, layers: tuple[int, ...] | None) -> None:
+        """Every rank alike (lockstep.py's CAPTURE): the capturing path cuts no rows, so the
+        layers' collectives keep their shapes only if every rank takes it."""
+        self._check_no_pending()
+        super().set_hidden_capture(layers)  # NOTE: raises before anything is sent
         if self._leading:
-            self._check_no_pending()
             on = layers is not None
             self._send(header(Op.CAPTURE, int(on), len(layers or ())), list(layers or ()))
-        super().set_hidden_capture(layers)
 
     def whole_vocab_parts(self) -> tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
         """Rank-0-local copies of the whole embedding and logits for a draft head
