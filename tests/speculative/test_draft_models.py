@@ -122,6 +122,17 @@ def _assert_draft_memory_free(proposer) -> None:
     assert not proposer.states
     assert r.kv_pool.allocator.available() == r.kv_pool.num_slots
     assert r.req_to_token.available() == r.req_to_token.size
+    proposer.check_idle()  # what `check_invariants` runs
+
+
+def test_check_idle_sees_a_leaked_draft_slot(paths) -> None:
+    _, proposer = build(paths, "STANDALONE", "small")
+    proposer.check_idle()
+    slots = proposer.runner.kv_pool.allocator.alloc(1)
+    with pytest.raises(AssertionError, match="draft KV leaked"):
+        proposer.check_idle()
+    proposer.runner.kv_pool.allocator.free(slots)
+    proposer.check_idle()
 
 
 @pytest.mark.parametrize(
