@@ -156,7 +156,8 @@ class LeaderModelRunner(ModelRunner):
     def set_hidden_capture(self, layers: tuple[int, ...] | None) -> None:
         """Every rank alike (lockstep.py's CAPTURE): the capturing path cuts no rows, so the
         layers' collectives keep their shapes only if every rank takes it."""
-        self._check_no_pending()
+        if self._leading:
+            self._check_no_pending()
         super().set_hidden_capture(layers)  # NOTE: raises before anything is sent
         if self._leading:
             on = layers is not None

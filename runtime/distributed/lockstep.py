@@ -10,7 +10,7 @@ itself (NCCL on GPU: the GPU-side decode inputs of the overlapped schedule are n
 On the CPU both go over the one gloo group.
 
     FORWARD  header (mode, B, T, L, J, S); host ints: the journal of rank 0's `req_to_token`
-             writes since the last forward (J rows, J starts, J lengths), then
+             writes since the last message that carried them (J rows, J starts, J lengths), then
                EXTEND: B prefix lens, B extend lens, L logits rows (L = -1: none, every row);
                DECODE: B seq lens;
              device payload: the batch, then the journal's S slots:
