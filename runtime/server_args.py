@@ -203,12 +203,8 @@ class ServerArgs:
                 f"speculative_algorithm {algo} needs speculative_draft_model_path",
                 "speculative_draft_model_path",
             )
-        if algo is not None and self.tp_size > 1:
-            # NOTE: the lock-step protocol (runtime/distributed/leader.py) carries no tree mask yet.
-            raise InvalidRequestError(
-                "speculative decoding with tp_size > 1 is not supported yet",
-                "speculative_algorithm",
-            )
+        # NOTE: every algorithm runs at tp_size > 1: rank 0 drafts and decides alone, a tree
+        # verify step is one lock-step message (runtime/distributed/lockstep.py's VERIFY).
         for name in ("speculative_num_steps", "speculative_eagle_topk",
                      "speculative_num_draft_tokens"):  # fmt: skip
             value = getattr(self, name)

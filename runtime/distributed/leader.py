@@ -10,10 +10,17 @@ plain `ModelRunner`, whose step path has no broadcast, no journal and no extra s
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
+from torch import nn
 
 from radixlm.runtime.distributed.comm import all_gather, broadcast, broadcast_host
+from radixlm.runtime.distributed.head_parts import (
+    check_head_target,
+    gather_vocab_weights,
+    head_parts,
+)
 from radixlm.runtime.distributed.lockstep import (
     Journal,
     LogitsKind,
@@ -92,9 +99,10 @@ class LeaderModelRunner(ModelRunner):
         if not self._leading:
             return super().forward(batch)
         self._check_no_pending()
-        if batch.tree_mask is not None:
-            raise NotImplementedError("tree verify steps are not supported at tp_size > 1")
         journal = self.req_to_token.take_journal()
+        if batch.tree_mask is not None:
+            self._send_verify(batch, journal)
+            return super().forward(batch)
         b, t = batch.batch_size, batch.num_tokens
         host = [*journal.rows, *journal.starts, *journal.lens]
         if batch.mode == ForwardMode.DECODE:
@@ -113,6 +121,16 @@ class LeaderModelRunner(ModelRunner):
                       sum(journal.lens))  # fmt: skip
         self._send(head, host, [*body, *journal.slots])
         return super().forward(batch)
+
+    def _send_verify(self, batch: ForwardBatch, journal: Journal) -> None:
+        """A tree verify step (lockstep.py's VERIFY): the followers rebuild the same batch."""
+        assert batch.tree_mask is not None
+        b, n = batch.tree_mask.shape[:2]
+        host = [*journal.rows, *journal.starts, *journal.lens, *batch.extend_prefix_lens_cpu]
+        body = [batch.req_pool_indices, batch.input_ids, batch.out_cache_loc, batch.positions,
+                batch.tree_mask.reshape(-1).to(torch.int64)]  # fmt: skip
+        head = header(Op.VERIFY, b, n, len(journal.rows), sum(journal.lens))
+        self._send(head, host, [*body, *journal.slots])
 
     @torch.inference_mode()
     def compute_logits(
@@ -135,6 +153,25 @@ class LeaderModelRunner(ModelRunner):
         else:
             self._send(header(Op.LOGITS, LogitsKind.ROWS, 0, rows.numel()), device=[rows])
 
+    def set_hidden_capture(self, layers: tuple[int, ...] | None) -> None:
+        """Every rank alike (lockstep.py's CAPTURE): the capturing path cuts no rows, so the
+        layers' collectives keep their shapes only if every rank takes it."""
+        if self._leading:
+            self._check_no_pending()
+        super().set_hidden_capture(layers)  # NOTE: raises before anything is sent
+        if self._leading:
+            on = layers is not None
+            self._send(header(Op.CAPTURE, int(on), len(layers or ())), list(layers or ()))
+
+    def whole_vocab_parts(self) -> tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
+        """Rank-0-local copies of the whole embedding and logits for a draft head
+        (head_parts.py); raises InvalidRequestError, sending nothing, for a target it cannot
+        serve."""
+        check_head_target(self.model)
+        self._check_no_pending()
+        self._send(header(Op.GATHER_VOCAB))
+        return head_parts(gather_vocab_weights(self.model))
+
     # ---- control -------------------------------------------------------------------------------
     def keep_alive(self) -> None:
         """Called by the scheduler loop when it has nothing to run."""
@@ -146,7 +183,10 @@ class LeaderModelRunner(ModelRunner):
     def check_followers(self) -> None:
         """Raise AssertionError unless every rank's `req_to_token` table equals this one's."""
         self._check_no_pending()
-        self._send(header(Op.CHECK))
+        # NOTE: a verify step's commit writes the table after its forward: the journal goes too
+        journal = self.req_to_token.take_journal()
+        self._send(header(Op.CHECK, len(journal.rows), sum(journal.lens)),
+                   [*journal.rows, *journal.starts, *journal.lens], journal.slots)  # fmt: skip
         digests = all_gather(table_digest(self.req_to_token.table).view(1, 2), dim=0)
         mine = digests[0]
         for rank, other in enumerate(digests.tolist()):

@@ -10,7 +10,7 @@ itself (NCCL on GPU: the GPU-side decode inputs of the overlapped schedule are n
 On the CPU both go over the one gloo group.
 
     FORWARD  header (mode, B, T, L, J, S); host ints: the journal of rank 0's `req_to_token`
-             writes since the last forward (J rows, J starts, J lengths), then
+             writes since the last message that carried them (J rows, J starts, J lengths), then
                EXTEND: B prefix lens, B extend lens, L logits rows (L = -1: none, every row);
                DECODE: B seq lens;
              device payload: the batch, then the journal's S slots:
@@ -21,9 +21,25 @@ On the CPU both go over the one gloo group.
     LOGITS   header (kind, a, b): logits of the last forward's rows [a, b) (kind RANGE) or of
              b row indices sent as the device payload (kind ROWS); the logits' all-gather is a
              collective every rank must join.
+    VERIFY   a speculative tree verify step (runtime/speculative/tree.py): header (B, N, J, S);
+             host ints: the journal (as FORWARD), then B prefix lens; device payload:
+             B req_pool_indices, B*N input ids, B*N draft slots, B*N positions, the packed
+             tree mask `[B, N, W]` (int32 words widened to int64), then the journal's S slots.
+             The follower builds the same batch with `verify_forward_batch`; the logits follow
+             as a LOGITS message (rank 0's acceptance decides alone: every accept / reject,
+             every freed slot is rank 0's, and the commit's table writes reach the followers
+             in the next message's journal).
+    CAPTURE  header (on, K); host ints: K layer indices: `set_hidden_capture` (a draft head's
+             target capture, or None when `on` is 0) on every rank, so that every rank runs
+             the same layer path (the capturing path cuts no rows: the collectives' shapes
+             must match).
+    GATHER_VOCAB  every rank's vocabulary rows of the embedding and LM head, all-gathered to
+             rank 0's draft head (head_parts.py); the followers drop theirs.
     IDLE     keep-alive while rank 0 has nothing to run (a follower's wait is a collective,
              bounded by the process group's timeout).
-    CHECK    every rank's `table_digest`, all-gathered: rank 0 compares them.
+    CHECK    header (J, S); the journal (as FORWARD: a verify step's commit writes the table
+             after its forward), replayed, then every rank's `table_digest`, all-gathered:
+             rank 0 compares them.
 Followers end with the group (group.py's watchdog): rank 0 stopping in order, or any failure.
 
 # NOTE (the lock-step invariant): at every forward, a follower's `req_to_token` table equals
@@ -49,6 +65,9 @@ class Op(IntEnum):
     LOGITS = 2
     IDLE = 3
     CHECK = 4
+    VERIFY = 5
+    CAPTURE = 6
+    GATHER_VOCAB = 7
 
 
 class LogitsKind(IntEnum):

@@ -7,6 +7,8 @@ with no process group: TP=1 code paths never touch torch.distributed.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 
@@ -33,3 +35,17 @@ def set_parallel_state(state: ParallelState) -> None:
 
 def parallel_state() -> ParallelState:
     return _STATE
+
+
+@contextmanager
+def single_rank() -> Iterator[None]:
+    """This process as a single rank (no group) inside the block: for a model only rank 0 holds
+    and runs (a speculative draft model, runtime/speculative/draft_setup.py): built inside it, its
+    layers are plain, it loads whole tensors and its runner makes no collective call, so the
+    other ranks need not join anything."""
+    global _STATE
+    saved, _STATE = _STATE, ParallelState()
+    try:
+        yield
+    finally:
+        _STATE = saved

@@ -237,7 +237,7 @@ class ModelRunner:
             # same fraction: its weights and one draft KV token per target token
             from radixlm.runtime.speculative.draft_memory import draft_memory
 
-            draft = draft_memory(self.args, self.dtype, self.kv_dtype)
+            draft = draft_memory(self.args, self.dtype, self.kv_dtype, self.config)
             if draft is not None:
                 budget -= draft.weight_bytes
             tokens = int(budget // (per_token + (draft.kv_bytes_per_token if draft else 0)))

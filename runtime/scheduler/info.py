@@ -55,8 +55,10 @@ class SchedulerInfo:
         chunk_size: int | None,
         eos_ids: tuple[int, ...],
         resolved: dict[str, Any] | None = None,
+        proposer: Any = None,  # speculative/proposer.py `Proposer` (None: speculation off)
     ) -> None:
         self.runner = runner
+        self.proposer = proposer
         self.step = step
         self.queues = queues
         self.grammars = grammars
@@ -120,6 +122,8 @@ class SchedulerInfo:
                 self.cache.check_idle_invariant()
                 if self.runner.req_to_token.available() != self.runner.req_to_token.size:
                     raise AssertionError("req_to_token rows leaked")
+                if self.proposer is not None:
+                    self.proposer.check_idle()  # a draft model's KV (rank 0's alone at TP > 1)
                 if isinstance(self.runner, LeaderModelRunner):
                     self.runner.check_followers()  # the lock-step invariant (lockstep.py)
             except AssertionError as exc:

@@ -98,7 +98,7 @@ class Scheduler:
         resolved = {} if proposer is None else {"speculative_num_draft_tokens": proposer.num_nodes}
         self.info = SchedulerInfo(runner, self.step, self.queues, self.grammars, self.ratio,
                                   self.stats, lambda: self.idle, self.chunk_size,
-                                  self.eos_ids, resolved)  # fmt: skip
+                                  self.eos_ids, resolved, proposer)  # fmt: skip
 
     @property
     def idle(self) -> bool:

@@ -19,8 +19,8 @@ process ran) could keep its shape from being chosen, hence measured, for good: a
 kept figure is capped at `FIRST_CAP` times its prior, and a figure not measured for `STALE` plain
 steps moves back towards its prior (when above it), so that the gate tries the shape again.
 
-Without `measure` (tensor-parallel ranks, which must all take the same decisions) nothing is
-recorded and the priors alone decide: deterministic.
+Without `measure` nothing is recorded and the priors alone decide: deterministic. (At tp_size
+> 1 the gate runs on rank 0 alone, which decides for every rank: it measures as at TP=1.)
 
 Ownership: the draft gate owns it; scheduler thread only.
 """

@@ -12,6 +12,7 @@ from radixlm.runtime.mem.kv_pool import KVPool
 from radixlm.runtime.models.loader import resolve_model
 
 if TYPE_CHECKING:
+    from radixlm.runtime.models.config import ModelConfig
     from radixlm.runtime.server_args import ServerArgs
 
 DRAFT_ALGORITHMS = ("STANDALONE", "EAGLE", "EAGLE3")
@@ -22,10 +23,13 @@ class DraftMemory(NamedTuple):
     kv_bytes_per_token: int  # its KV per token over all its layers
 
 
-def draft_memory(args: ServerArgs, dtype: torch.dtype, kv_dtype: torch.dtype) -> DraftMemory | None:
+def draft_memory(
+    args: ServerArgs, dtype: torch.dtype, kv_dtype: torch.dtype, target: ModelConfig | None = None
+) -> DraftMemory | None:
     """What the draft of `args` will hold on the device, which the target's KV pool leaves room
     for (ModelRunner._init_memory on GPU); None without a draft model. A head shares the target's
-    embedding (and, for EAGLE, its LM head)."""
+    embedding (and, for EAGLE, its LM head); at tp_size > 1 rank 0 holds whole copies of them
+    (runtime/distributed/head_parts.py): counted from `target`'s config, the full model's."""
     algo = args.speculative_algorithm
     if algo not in DRAFT_ALGORITHMS or not args.speculative_draft_model_path:
         return None
@@ -44,5 +48,7 @@ def draft_memory(args: ServerArgs, dtype: torch.dtype, kv_dtype: torch.dtype) ->
     else:
         params += 3 * int(cfg.hf_config.get("target_hidden_size") or h) * h
         params += int(cfg.hf_config.get("draft_vocab_size") or 0) * h
+    if algo != "STANDALONE" and args.tp_size > 1 and target is not None:
+        params += target.vocab_size * target.hidden_size * (1 + (not target.tie_word_embeddings))
     kv = KVPool.bytes_per_token(layers, cfg.num_key_value_heads, cfg.head_dim, kv_dtype)
     return DraftMemory(params * torch.finfo(dtype).bits // 8, kv)

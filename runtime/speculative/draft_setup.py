@@ -11,6 +11,23 @@ cuda_graph_runner.py).
 An EAGLE head is bound to the target's token embedding and logits, and the target captures the
 hidden states the head reads (`ModelRunner.set_hidden_capture`). On GPU the target's KV pool is
 sized with the draft in the budget (`draft_memory`): its weights and its KV per token.
+
+At tp_size > 1 the draft is neither sharded nor replicated: it lives on rank 0 alone, built and
+run as a single rank (`single_rank`: plain layers, whole tensors, no collective). Rank 0 is the
+one decider (runtime/distributed/lockstep.py): it drafts, and only the verify step, an ordinary
+lock-step message, reaches the other ranks. Why not shard it over the target's ranks: a draft is
+small by design, so its steps are latency-bound and a sharded draft would pay two all-reduces
+per layer per draft step for matmuls too small to split; every follower would also need the
+draft's own lock-step protocol (catch-up, expansion, held slots) and a second KV pool kept in
+step. Why not replicate it: the followers would only repeat rank 0's computation to discard it.
+KV accounting: the draft's pool and rows exist on rank 0 only (nothing on another rank can
+drift); the target's accounting is rank 0's alone as at any TP size, and every rank sizes the
+target's pool with the draft in the budget (`draft_memory`, then the group's minimum), so the
+ranks' capacities agree. The cost: rank 0's device holds the draft's weights and KV (the others
+leave that room unused) and drafting does not get faster with more ranks. A draft head reads
+rank-0 copies of the target's whole embedding and LM head, gathered once from every rank's
+vocabulary rows (runtime/distributed/head_parts.py), and the target's hidden-state capture is set
+on every rank alike (a lock-step message), so that every rank runs the same layer path.
 """
 
 from __future__ import annotations
@@ -18,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from radixlm.runtime.distributed.state import single_rank
 from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.models.default_model import ModelNotFoundError
 from radixlm.runtime.models.loader import resolve_model
@@ -43,6 +61,7 @@ def draft_shape(args: ServerArgs) -> DraftShape:
 def build_draft_proposer(args: ServerArgs, target: ModelRunner) -> DraftModelProposer:
     """The proposer for `args.speculative_algorithm` (one of DRAFT_ALGORITHMS). Raises
     InvalidRequestError naming the flag when the draft does not fit the algorithm or the target."""
+    from radixlm.runtime.distributed.leader import LeaderModelRunner
     from radixlm.runtime.executor.model_runner import ModelRunner
     from radixlm.runtime.models.eagle import DraftHead
 
@@ -104,12 +123,18 @@ def build_draft_proposer(args: ServerArgs, target: ModelRunner) -> DraftModelPro
         cuda_graph_max_bs=graph_bs * shape.topk,
     )
 
+    parts = (target.model.embed_tokens, target.compute_logits)
+    if eagle and isinstance(target, LeaderModelRunner):
+        parts = target.whole_vocab_parts()  # NOTE: a collective: before `single_rank`
+
     def bind(model) -> None:
         if isinstance(model, DraftHead):
-            model.bind_target(target.model.embed_tokens, target.compute_logits)
+            model.bind_target(*parts)
 
     try:
-        runner = ModelRunner(draft_args, source, on_loaded=bind)
+        # NOTE: at tp_size > 1 the draft lives on rank 0 alone (module docstring)
+        with single_rank():
+            runner = ModelRunner(draft_args, source, on_loaded=bind)
     except (KeyError, ValueError) as err:  # the checkpoint's tensors are not the format's
         if not eagle or isinstance(err, InvalidRequestError):
             raise

@@ -74,6 +74,13 @@ class DraftModelProposer(Proposer):
         if st is not None:
             self._free(st)
 
+    def check_idle(self) -> None:
+        pool, rows = self.runner.kv_pool, self.runner.req_to_token
+        if self.states or pool.allocator.available() != pool.num_slots:
+            raise AssertionError(f"draft KV leaked: {len(self.states)} request states kept")
+        if rows.available() != rows.size:
+            raise AssertionError("draft req_to_token rows leaked")
+
     def _free(self, st: ReqDraftState) -> None:
         self._free_slots(st.take_held())
         self.runner.kv_pool.allocator.free(st.all_slots().to(self.runner.device))

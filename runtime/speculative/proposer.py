@@ -86,3 +86,7 @@ class Proposer(ABC):
 
     def release(self, req: Req) -> None:  # noqa: B027
         """`req` left the running batch: drop (and free) what is kept for it."""
+
+    def check_idle(self) -> None:  # noqa: B027
+        """With no request running: raise AssertionError unless everything kept for requests
+        was released (a draft model: its KV slots and rows all free). `check_invariants`."""

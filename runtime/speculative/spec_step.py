@@ -42,7 +42,6 @@ from typing import Any, NamedTuple
 
 import torch
 
-from radixlm.runtime.distributed.state import parallel_state
 from radixlm.runtime.mem.kv_pool import SlotAllocator
 from radixlm.runtime.mem.prefix_cache import PrefixCache
 from radixlm.runtime.models.cpu_linear import SMALL_M
@@ -107,10 +106,11 @@ class SpeculativeStep:
         # each draft node's expected gain against the measured cost of its row (gate.py) and a
         # verify step keeps to `SMALL_M` rows. On GPU every draft is verified.
         cpu = self.device.type == "cpu"
-        # NOTE: tensor-parallel ranks must take the same path: no wall-time decisions there.
-        measure = cpu and not parallel_state().is_parallel
+        # NOTE: at tp_size > 1 this step, its proposer and its gate run on rank 0 alone (the
+        # other ranks follow its runner calls, runtime/distributed/lockstep.py): the gate's
+        # timing-driven choices are made once, so it measures as at TP=1.
         always = verify_all or not cpu
-        self.gate = DraftGate(always=always, measure=measure, max_rows=SMALL_M if cpu else None,
+        self.gate = DraftGate(always=always, measure=cpu, max_rows=SMALL_M if cpu else None,
                               max_nodes=proposer.num_nodes)  # fmt: skip
         self.committer = PathCommitter(self.cache, self.allocator, results, stats, self.gate)
 

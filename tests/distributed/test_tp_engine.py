@@ -7,7 +7,8 @@ every round every follower's `req_to_token` table equals rank 0's (`check_invari
 lock-step invariant of runtime/distributed/lockstep.py); a follower killed mid-run stops the
 group within seconds with an error naming its rank, and the client gets that error, not a hang.
 
-One TP=1 reference engine and one TP=2 engine for the module; TP=3 once. On two GPUs, the same
+The workload and the comparison: tp_workload.py; the TP=1 reference: conftest.py's, once per
+session. One TP=2 engine for the module; TP=3 once. On two GPUs, the same
 over NCCL with CUDA graphs and the overlapped schedule (`test_nccl_engine_tp2_equals_tp1`).
 """
 
@@ -20,55 +21,13 @@ from typing import Any
 
 import pytest
 import torch
+from distributed.tp_workload import CONFIG, check_same, run_workload
 
 from radixlm.runtime.distributed.lockstep import Journal, table_digest
 from radixlm.runtime.errors import EngineDeadError
-from tests_helpers import PARITY_PROMPTS, wait_idle_and_check, wait_until
+from tests_helpers import wait_until
 
-MAX_NEW = 24
-# NOTE: float32 on both sides: the dense path (at TP > 1 the CPU runs no GGUF block kernels).
-CONFIG: dict[str, Any] = {
-    "device": "cpu",
-    "dtype": "float32",
-    "num_threads": 1,
-    "max_total_tokens": 256,
-    "max_running_requests": 8,
-    "chunked_prefill_size": 32,
-    "log_level": "warning",
-}
-GREEDY = {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True}
 LONG = {"max_new_tokens": 200, "temperature": 0, "ignore_eos": True}
-LOGPROB_PROMPT = PARITY_PROMPTS[2]
-
-
-def run_workload(engine: Any) -> dict[str, Any]:
-    """Two rounds of the parity prompts (the second on a warm cache), then one request with
-    input and output logprobs; the engine's counters after them."""
-    rounds = [engine.generate(PARITY_PROMPTS, GREEDY) for _ in range(2)]
-    wait_idle_and_check(engine)
-    lp = engine.generate(
-        LOGPROB_PROMPT, {"max_new_tokens": 4, "temperature": 0},
-        return_logprob=True, logprob_start_len=0, top_logprobs_num=3,
-    )  # fmt: skip
-    wait_idle_and_check(engine)
-    return {
-        "ids": [[o["output_ids"] for o in outs] for outs in rounds],
-        "cached": [o["meta_info"]["cached_tokens"] for o in rounds[1]],
-        "prompt_tokens": [o["meta_info"]["prompt_tokens"] for o in rounds[0]],
-        "logprobs": lp["meta_info"],
-        "info": engine.get_server_info(),
-    }
-
-
-@pytest.fixture(scope="module")
-def reference() -> dict[str, Any]:
-    from radixlm.runtime.frontend.engine import Engine
-
-    engine = Engine(**CONFIG)
-    try:
-        return run_workload(engine)
-    finally:
-        engine.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -78,25 +37,6 @@ def tp2() -> Any:
     engine = Engine(tp_size=2, **CONFIG)
     yield engine
     engine.shutdown()
-
-
-def check_same(ref: dict[str, Any], got: dict[str, Any], tp: int) -> None:
-    assert got["info"]["tp_size"] == tp
-    for k, (want, have) in enumerate(zip(ref["ids"][0], got["ids"][0])):
-        assert have == want, f"tp={tp}: prompt {k} differs from TP=1"
-    assert got["ids"][1] == ref["ids"][0], f"tp={tp}: the warm-cache round differs"
-    # the workload did exercise what it claims to
-    assert got["info"]["retracted"] > 0
-    assert any(c > 0 for c in got["cached"])
-    assert max(got["prompt_tokens"]) > CONFIG["chunked_prefill_size"]
-    for key in ("input_token_logprobs", "output_token_logprobs"):
-        want, have = ref["logprobs"][key], got["logprobs"][key]
-        assert [t for _, t, _ in have] == [t for _, t, _ in want]
-        for (a, _, _), (b, _, _) in zip(want, have):
-            assert (a is None and b is None) or abs(a - b) < 1e-3
-    for want, have in zip(ref["logprobs"]["input_top_logprobs"][1:],
-                          got["logprobs"]["input_top_logprobs"][1:]):  # fmt: skip
-        assert [t for _, t, _ in have] == [t for _, t, _ in want]
 
 
 def test_tp2_matches_tp1(reference: dict[str, Any], tp2: Any) -> None:

@@ -110,7 +110,6 @@ def test_resolving_does_not_import_torch_in_the_users_process():
         ({"speculative_algorithm": "MEDUSA"}, "speculative_algorithm"),
         ({"speculative_algorithm": "EAGLE"}, "speculative_draft_model_path"),
         ({"speculative_num_steps": 0}, "speculative_num_steps"),
-        ({"speculative_algorithm": "NGRAM", "tp_size": 2}, "speculative_algorithm"),
         ({"speculative_ngram_min_match_window_size": 5,
           "speculative_ngram_max_match_window_size": 2}, "speculative_ngram_min_match_window_size"),
     ],
@@ -119,6 +118,13 @@ def test_parallel_and_speculative_flags_are_checked_by_name(kwargs, field):
     with pytest.raises(InvalidRequestError) as err:
         ServerArgs(**kwargs)
     assert err.value.field == field
+
+
+@pytest.mark.parametrize("algo", ["NGRAM", "STANDALONE", "EAGLE", "EAGLE3"])
+def test_speculation_is_accepted_at_tp_above_one(algo):
+    path = None if algo == "NGRAM" else "/some/draft"
+    args = ServerArgs(speculative_algorithm=algo, speculative_draft_model_path=path, tp_size=2)
+    assert args.tp_size == 2 and args.speculative_algorithm == algo
 
 
 def test_cpu_threads_are_shared_by_a_nodes_tensor_parallel_ranks():

@@ -122,6 +122,17 @@ def _assert_draft_memory_free(proposer) -> None:
     assert not proposer.states
     assert r.kv_pool.allocator.available() == r.kv_pool.num_slots
     assert r.req_to_token.available() == r.req_to_token.size
+    proposer.check_idle()  # what `check_invariants` runs
+
+
+def test_check_idle_sees_a_leaked_draft_slot(paths) -> None:
+    _, proposer = build(paths, "STANDALONE", "small")
+    proposer.check_idle()
+    slots = proposer.runner.kv_pool.allocator.alloc(1)
+    with pytest.raises(AssertionError, match="draft KV leaked"):
+        proposer.check_idle()
+    proposer.runner.kv_pool.allocator.free(slots)
+    proposer.check_idle()
 
 
 @pytest.mark.parametrize(
@@ -282,6 +293,21 @@ def test_draft_memory_estimate(paths, algo, draft) -> None:
         draft_memory(ServerArgs(speculative_algorithm="NGRAM"), torch.bfloat16, torch.bfloat16)
         is None
     )
+
+
+@pytest.mark.parametrize("algo,draft", [("STANDALONE", "small"), ("EAGLE", "EAGLE"),
+                                        ("EAGLE3", "EAGLE3")])  # fmt: skip
+def test_draft_memory_at_tp_counts_the_heads_vocab_copies(paths, algo, draft) -> None:
+    """At tp_size > 1 a head reads rank-0 copies of the target's whole embedding and (untied) LM
+    head (runtime/distributed/head_parts.py): every rank's pool leaves room for them."""
+    target = resolve_model(paths["target"]).config
+    bytes_at = {}
+    for tp in (1, 2):
+        args = ServerArgs(model_path=paths["target"], speculative_algorithm=algo,
+                          speculative_draft_model_path=paths[draft], tp_size=tp)  # fmt: skip
+        bytes_at[tp] = draft_memory(args, torch.bfloat16, torch.bfloat16, target).weight_bytes
+    copies = 0 if algo == "STANDALONE" else 1 + (not target.tie_word_embeddings)
+    assert bytes_at[2] - bytes_at[1] == 2 * copies * target.vocab_size * target.hidden_size
 
 
 def test_target_capture_equals_the_reference_layers(paths, tmp_path) -> None:
