@@ -1,0 +1,128 @@
+"""An independent check of the GGUF loader: llama.cpp's own converter (`convert_hf_to_gguf.py`, run
+as a subprocess, see tests/llama_cpp_converter.py) writes the GGUF files of the tiny checkpoints of
+every architecture radixlm loads from GGUF; radixlm loads them, and must give the logits and the
+greedy tokens of transformers running the ORIGINAL checkpoint folders.
+
+(tests/models/test_gguf.py writes its files with our own belief of that layout: a wrong belief
+would pass on both sides there. Here the layout is llama.cpp's: tensor names, 3-D expert tensors,
+Gemma's `1 + w` norms, Phi-3's fused projections and LongRoPE factors, Llama 3's `rope_freqs`,
+q/k row permutations, metadata keys.)
+
+A few tiny configs are changed where llama.cpp itself does not carry a setting into GGUF (so that
+the file and the checkpoint mean the same model); each is said at its case."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from llama_cpp_converter import (
+    BPE_VOCAB,
+    convert,
+    write_bpe_tokenizer,
+    write_sentencepiece_tokenizer,
+)
+from tiny_models import LLAMA_FAMILY, TINY, save_tiny
+
+from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.models.hf_reference import HFReference
+from radixlm.runtime.models.loader import resolve_model
+from radixlm.runtime.server_args import ServerArgs
+from tests_helpers import runner_logits
+
+IDS = [1, 5, 17, 250, 3, 99, 42, 7, 7, 7, 128, 64, 11, 2, 3, 255, 0, 9, 31, 200]
+MAX_NEW = 8
+F32_TOL = 1e-4  # as tests/models/test_gguf.py
+# Q8_0 rounds each weight by up to half its block's step (max / 127): ~0.065 seen here on logits of
+# std ~0.6; a layout or de-quantisation bug moves them by far more (the f32 files check the layout)
+Q8_TOL = 0.15
+GGML_Q8_0 = 8
+
+# name -> (tiny checkpoint, config overrides, tokenizer): "bpe" where the converter takes only a
+# byte-level BPE vocabulary it recognises (the default model's, so 49152 tokens), else "spm".
+CASES: dict[str, tuple[str, dict, str]] = {
+    "llama": ("llama", {}, "spm"),
+    "llama3_rope": ("llama3_rope", {}, "spm"),  # the converter writes `rope_freqs.weight`
+    # llama.cpp runs a Mistral (and a Mixtral) as a `llama`: no sliding window
+    "mistral": ("mistral", {"sliding_window": None}, "spm"),
+    "qwen2": ("qwen2", {}, "spm"),
+    # llama.cpp's qwen3 has no sliding window (the released Qwen3 models use none)
+    "qwen3": ("qwen3", {"use_sliding_window": False}, "spm"),
+    # its qwen3moe has no dense layers and always renormalises the top-k weights (it writes
+    # no `expert_weights_norm`), as the released models do
+    "qwen3_moe": (
+        "qwen3_moe",
+        {"mlp_only_layers": [], "norm_topk_prob": True, "vocab_size": BPE_VOCAB},
+        "bpe",
+    ),
+    # its qwen2moe: no dense layers, no sliding window
+    "qwen2_moe": (
+        "qwen2_moe",
+        {"mlp_only_layers": [], "use_sliding_window": False, "vocab_size": BPE_VOCAB},
+        "bpe",
+    ),
+    "mixtral": ("mixtral", {"sliding_window": None}, "spm"),  # a `llama` with experts
+    # llama.cpp scales Gemma's queries by 1/sqrt(head_dim) (no GGUF key says otherwise)
+    "gemma2": ("gemma2", {"query_pre_attn_scalar": TINY["gemma2"]["head_dim"]}, "spm"),
+    # the converter writes no window pattern: llama.cpp's default, every 6th layer global
+    "gemma3": (
+        "gemma3",
+        {
+            "sliding_window_pattern": 6,
+            "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
+        },
+        "spm",
+    ),
+    "phi3": ("phi3", {}, "spm"),
+    "phi4_mini": ("phi4_mini", {}, "spm"),
+}
+# Q8_0 (the converter's own quantiser): 3-D expert tensors with permuted q/k rows; fused qkv.
+# what the file says the model is, where not the checkpoint's architecture
+GGUF_ARCH = {"mistral": "LlamaForCausalLM"}
+JOBS = [(name, "f32") for name in CASES] + [("mixtral", "q8_0"), ("phi3", "q8_0")]
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory) -> dict[tuple[str, str], tuple[str, str]]:
+    """(case, outtype) -> (checkpoint folder, GGUF file written by llama.cpp's converter)."""
+    root = tmp_path_factory.mktemp("llama_cpp")
+    folders = {}
+    for name, (tiny, overrides, tokenizer) in CASES.items():
+        folder = str(root / name)
+        save_tiny(tiny, folder, **overrides)
+        (write_bpe_tokenizer if tokenizer == "bpe" else write_sentencepiece_tokenizer)(folder)
+        folders[name] = folder
+    out = {job: (folders[job[0]], str(root / f"{job[0]}.{job[1]}.gguf")) for job in JOBS}
+    convert([(folder, job[1], path) for job, (folder, path) in out.items()], str(root / "log"))
+    return out
+
+
+def _greedy(runner: ModelRunner, ids: list[int], n: int) -> list[int]:
+    ids, out = list(ids), []
+    for _ in range(n):
+        out.append(int(runner_logits(runner, ids)[-1].argmax()))
+        ids.append(out[-1])
+    return out
+
+
+@pytest.mark.parametrize(("name", "outtype"), JOBS)
+def test_llama_cpp_converted_gguf_matches_transformers(converted, name, outtype) -> None:
+    from transformers import AutoModelForCausalLM
+
+    folder, path = converted[name, outtype]
+    tiny = CASES[name][0]
+    source = resolve_model(path)
+    assert source.load_format == "gguf" and source.gguf is not None
+    arch = (TINY.get(tiny) or LLAMA_FAMILY[tiny])["architectures"][0]
+    assert source.config.architecture == GGUF_ARCH.get(name, arch)
+    types = {t.ggml_type for t in source.gguf.tensors.values()}
+    assert (GGML_Q8_0 in types) == (outtype == "q8_0"), types
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    runner = ModelRunner(
+        ServerArgs(model_path=path, max_total_tokens=256, max_running_requests=2), source
+    )
+    with torch.no_grad():
+        ref = hf(torch.tensor([IDS])).logits[0]
+    ours = runner_logits(runner, IDS)
+    tol = F32_TOL if outtype == "f32" else Q8_TOL
+    torch.testing.assert_close(ours, ref, rtol=tol, atol=tol)
+    assert _greedy(runner, IDS, MAX_NEW) == HFReference(hf, None, {}, None).greedy(IDS, MAX_NEW)
