@@ -89,7 +89,8 @@ class ModelConfig:
         rope_theta, rope_scaling, local_theta = _rope_settings(cfg)
         if rope_scaling is not None:
             kind = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
-            allowed = ("default", "linear", "llama3") + (
+            # NOTE: "freq_factors" (per-dim frequency divisors) comes from GGUF files only
+            allowed = ("default", "linear", "llama3", "freq_factors") + (
                 ("longrope",) if model_type == "phi3" else ()
             )
             if kind not in allowed:
