@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from gguf_writer import ARCH, EXTRA_KEYS, MISSING_KEYS, write_gguf
 from llama_cpp_converter import (
     BPE_VOCAB,
     convert,
@@ -24,6 +25,7 @@ from llama_cpp_converter import (
 from tiny_models import LLAMA_FAMILY, TINY, save_tiny
 
 from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.models.gguf_file import GGUFFile
 from radixlm.runtime.models.hf_reference import HFReference
 from radixlm.runtime.models.loader import resolve_model
 from radixlm.runtime.server_args import ServerArgs
@@ -126,3 +128,38 @@ def test_llama_cpp_converted_gguf_matches_transformers(converted, name, outtype)
     tol = F32_TOL if outtype == "f32" else Q8_TOL
     torch.testing.assert_close(ours, ref, rtol=tol, atol=tol)
     assert _greedy(runner, IDS, MAX_NEW) == HFReference(hf, None, {}, None).greedy(IDS, MAX_NEW)
+
+
+@pytest.mark.parametrize("name", [name for name in CASES if name in ARCH])
+def test_our_gguf_writer_agrees_with_llama_cpps_converter(converted, tmp_path, name) -> None:
+    """tests/gguf_writer.py (what tests/models/test_gguf.py loads) writes what llama.cpp's
+    converter writes from the same checkpoint: the same tensors, bit for bit, and the same
+    metadata, but for the keys it adds (`EXTRA_KEYS`) or leaves out (`MISSING_KEYS`)."""
+    from transformers import AutoModelForCausalLM
+
+    folder, path = converted[name, "f32"]
+    write_gguf(
+        AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32),
+        name,
+        str(tmp_path / "ours.gguf"),
+    )
+    ours, theirs = GGUFFile(str(tmp_path / "ours.gguf")), GGUFFile(path)
+    assert ours.architecture == theirs.architecture
+    prefix = ours.architecture + "."
+
+    def keys(f: GGUFFile) -> dict:
+        return {k[len(prefix) :]: v for k, v in f.metadata.items() if k.startswith(prefix)}
+
+    ours_md, theirs_md = keys(ours), keys(theirs)
+    assert set(ours_md) - set(theirs_md) <= set(EXTRA_KEYS)
+    assert set(theirs_md) - set(ours_md) <= set(MISSING_KEYS)
+    for key in set(ours_md) & set(theirs_md):
+        value = theirs_md[key]  # NOTE: a float of theirs may be a float32 of ours, or the reverse
+        assert ours_md[key] == (
+            pytest.approx(value, rel=1e-6) if isinstance(value, float) else value
+        ), key
+    assert sorted(ours.tensors) == sorted(theirs.tensors)
+    for tname, tensor in theirs.tensors.items():
+        mine = ours.tensors[tname]
+        assert (mine.shape, mine.ggml_type) == (tensor.shape, tensor.ggml_type), tname
+        assert torch.equal(mine.to_torch(), tensor.to_torch()), tname
