@@ -62,3 +62,25 @@ def test_dequantize_matches_llama_cpps_reference(qtype) -> None:
     assert got.dtype == torch.float32
     assert np.array_equal(got.numpy(), expected), np.abs(got.numpy() - expected).max()
     assert np.abs(expected - values).max() < 1.0  # the reference itself round-trips the values
+
+
+def test_gemma2_without_a_window_key_gets_llama_cpps_default(tmp_path) -> None:
+    """Gemma 2 files from before llama.cpp's converter wrote `gemma2.attention.sliding_window`
+    (2024) run, in llama.cpp, with its default window of 4096 tokens on the even layers."""
+    path = str(tmp_path / "gemma2.gguf")
+    w = gguf.GGUFWriter(path, "gemma2")
+    w.add_block_count(2)
+    w.add_embedding_length(64)
+    w.add_feed_forward_length(96)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_key_length(16)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_vocab_size(256)
+    w.add_tensor("token_embd.weight", np.zeros((256, 64), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    config = resolve_model(path).config
+    assert (config.sliding_window, config.layer_windows) == (4096, (4096, None))
