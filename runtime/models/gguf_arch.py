@@ -7,7 +7,8 @@ rope.freq_base, rope.dimension_count (rotary dims below head_dim: partial rotary
 the tensor `rope_freqs.weight` (Llama 3.1+'s rope scaling as per-dim frequency divisors),
 context_length; MoE: expert_count, expert_used_count,
 expert_feed_forward_length, expert_weights_norm (default: on, off for qwen2moe as in llama.cpp),
-expert_shared_feed_forward_length (Qwen2-MoE's shared expert); windows: attention.sliding_window,
+expert_shared_feed_forward_length (Qwen2-MoE's shared expert); windows: attention.sliding_window
+(Gemma 2 without it: 4096, as llama.cpp),
 attention.sliding_window_pattern (an int period or one bool per layer), rope.freq_base_swa;
 Gemma 2: attn_logit_softcapping, final_logit_softcapping; rope.scaling.{type,factor,
 original_context_length,attn_factor}; Phi-3's LongRoPE factors are the tensors
@@ -108,7 +109,9 @@ def gguf_arch_config(gguf: GGUFFile) -> ModelConfig:
             cfg["shared_expert_intermediate_size"] = int(get("expert_shared_feed_forward_length"))
             cfg["qkv_bias"] = "blk.0.attn_q.bias" in gguf.tensors
         cfg["intermediate_size"] = cfg["intermediate_size"] or cfg["moe_intermediate_size"]
-    window = get("attention.sliding_window")
+    # NOTE: llama.cpp's gemma2 defaults to a 4096-token window (files from before its converter
+    # wrote the key); elsewhere no key (or 0, Phi-3's "none") means no window
+    window = get("attention.sliding_window", 4096 if arch == "gemma2" else None)
     if window:
         cfg["sliding_window"] = int(window)
         cfg["layer_types"] = _layer_types(arch, layers, get("attention.sliding_window_pattern"))
