@@ -196,3 +196,16 @@ def test_our_gguf_writer_agrees_with_llama_cpps_converter(converted, tmp_path, n
         mine = ours.tensors[tname]
         assert (mine.shape, mine.ggml_type) == (tensor.shape, tensor.ggml_type), tname
         assert torch.equal(mine.to_torch(), tensor.to_torch()), tname
+
+
+def test_hf_reference_of_a_llama3_rope_gguf(converted) -> None:
+    """`HFReference` (benchmarks' peer, built from our loader's tensors and config) runs a GGUF's
+    `rope_freqs` too: transformers has no rope type for bare frequency divisors."""
+    from transformers import AutoModelForCausalLM
+
+    folder, path = converted["llama3_rope", "f32"]
+    ref = HFReference.load(path)
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ours, theirs = (m(torch.tensor([IDS])).logits[0] for m in (ref.model, hf))
+    torch.testing.assert_close(ours, theirs, rtol=F32_TOL, atol=F32_TOL)
