@@ -17,11 +17,13 @@ imports nothing of radixlm nor the installed `gguf` before the converter, which 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ENV_DIR = "RADIXLM_LLAMA_CPP_CONVERTER"  # overrides the folder (a llama.cpp checkout will do)
 
@@ -78,15 +80,20 @@ def write_sentencepiece_tokenizer(folder: str) -> None:
 BPE_VOCAB = 49152  # the default model's (SmolLM2) vocabulary
 
 
-def write_bpe_tokenizer(folder: str) -> None:
-    """The default model's byte-level BPE tokenizer (rebuilt from its GGUF) as `tokenizer.json`."""
+@functools.cache
+def _default_model_tokenizer() -> Any:
     from radixlm.runtime.frontend.tokenizer import tokenizer_from_gguf
     from radixlm.runtime.models.default_model import default_model_path
     from radixlm.runtime.models.gguf_file import GGUFFile
 
     tokenizer = tokenizer_from_gguf(GGUFFile(default_model_path()))
     assert len(tokenizer) == BPE_VOCAB, len(tokenizer)
-    tokenizer.save_pretrained(folder)
+    return tokenizer
+
+
+def write_bpe_tokenizer(folder: str) -> None:
+    """The default model's byte-level BPE tokenizer (rebuilt from its GGUF) as `tokenizer.json`."""
+    _default_model_tokenizer().save_pretrained(folder)
 
 
 def _drive(spec_path: str) -> int:
