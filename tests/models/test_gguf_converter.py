@@ -209,3 +209,24 @@ def test_hf_reference_of_a_llama3_rope_gguf(converted) -> None:
     with torch.no_grad():
         ours, theirs = (m(torch.tensor([IDS])).logits[0] for m in (ref.model, hf))
     torch.testing.assert_close(ours, theirs, rtol=F32_TOL, atol=F32_TOL)
+
+
+def test_tokenizer_of_a_converted_bpe_vocabulary(converted) -> None:
+    """radixlm's tokenizer built from a GGUF's byte-level BPE vocabulary (tokens, merges, types
+    and `tokenizer.ggml.pre` as llama.cpp's converter writes them) encodes like the original."""
+    from transformers import AutoTokenizer
+
+    from radixlm.runtime.frontend.tokenizer import load_tokenizer
+
+    folder, path = converted["qwen3_moe", "f32"]
+    ours, theirs = load_tokenizer(path), AutoTokenizer.from_pretrained(folder)
+    texts = [
+        "Hello world 12345, 3.14!",
+        "  leading spaces,\nnew lines\tand tabs",
+        "émoji 🚀 and ünïcode",
+        "<|im_start|>user\nhi<|im_end|>",
+    ]
+    for text in texts:
+        expected = theirs(text, add_special_tokens=False)["input_ids"]
+        assert ours(text, add_special_tokens=False)["input_ids"] == expected, text
+    assert (ours.bos_token, ours.eos_token) == (theirs.bos_token, theirs.eos_token)
