@@ -144,6 +144,34 @@ WINDOWED: dict[str, dict[str, Any]] = {
 }
 
 
+# Llama-family checkpoints that GGUF files carry (tests/models/test_gguf_converter.py): a Llama, one
+# tied with Llama 3's rope scaling (Llama 3.1+ / 3.2; short original context so that it bites), a
+# Mistral and a Qwen2 (qkv biases, tied).
+LLAMA_FAMILY: dict[str, dict[str, Any]] = {
+    "llama": {**_BASE, "model_type": "llama", "architectures": ["LlamaForCausalLM"]},
+    "llama3_rope": {
+        **_BASE,
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "tie_word_embeddings": True,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    },
+    "mistral": {**_BASE, "model_type": "mistral", "architectures": ["MistralForCausalLM"]},
+    "qwen2": {
+        **_BASE,
+        "model_type": "qwen2",
+        "architectures": ["Qwen2ForCausalLM"],
+        "tie_word_embeddings": True,
+    },
+}
+
+
 def save_tiny(name: str, path: str, **overrides: Any) -> Any:
     """Build the tiny `name` model with transformers (seeded), perturb its norms (HF initialises
     them to a constant) and save it to `path`; returns the fp32 transformers model."""
@@ -151,7 +179,7 @@ def save_tiny(name: str, path: str, **overrides: Any) -> Any:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
-    cfg = {**(TINY.get(name) or WINDOWED[name]), **overrides}
+    cfg = {**(TINY.get(name) or WINDOWED.get(name) or LLAMA_FAMILY[name]), **overrides}
     config = AutoConfig.for_model(**cfg)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():

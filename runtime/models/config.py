@@ -89,7 +89,8 @@ class ModelConfig:
         rope_theta, rope_scaling, local_theta = _rope_settings(cfg)
         if rope_scaling is not None:
             kind = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
-            allowed = ("default", "linear", "llama3") + (
+            # NOTE: "freq_factors" (per-dim frequency divisors) comes from GGUF files only
+            allowed = ("default", "linear", "llama3", "freq_factors") + (
                 ("longrope",) if model_type == "phi3" else ()
             )
             if kind not in allowed:
@@ -153,6 +154,9 @@ class ModelConfig:
     def to_hf_dict(self) -> dict[str, Any]:
         """A `config.json` for transformers (used to build the reference model in tests)."""
         out = dict(self.hf_config)
+        rope_scaling = self.rope_scaling
+        if (rope_scaling or {}).get("rope_type") == "freq_factors":
+            rope_scaling = None  # NOTE: no such type in transformers: HFReference sets them
         out.update(
             architectures=[self.architecture],
             model_type=self.model_type,
@@ -165,7 +169,7 @@ class ModelConfig:
             head_dim=self.head_dim,
             rms_norm_eps=self.rms_norm_eps,
             rope_theta=self.rope_theta,
-            rope_scaling=self.rope_scaling,
+            rope_scaling=rope_scaling,
             max_position_embeddings=self.max_position_embeddings,
             tie_word_embeddings=self.tie_word_embeddings,
             bos_token_id=self.bos_token_id,

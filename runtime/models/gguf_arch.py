@@ -4,9 +4,11 @@
 Metadata (`{arch}.` prefix): block_count, embedding_length, feed_forward_length,
 attention.head_count(_kv), attention.key_length, attention.layer_norm_rms_epsilon,
 rope.freq_base, rope.dimension_count (rotary dims below head_dim: partial rotary, Phi-4-mini),
+the tensor `rope_freqs.weight` (Llama 3.1+'s rope scaling as per-dim frequency divisors),
 context_length; MoE: expert_count, expert_used_count,
 expert_feed_forward_length, expert_weights_norm (default: on, off for qwen2moe as in llama.cpp),
-expert_shared_feed_forward_length (Qwen2-MoE's shared expert); windows: attention.sliding_window,
+expert_shared_feed_forward_length (Qwen2-MoE's shared expert); windows: attention.sliding_window
+(Gemma 2 without it: 4096, as llama.cpp),
 attention.sliding_window_pattern (an int period or one bool per layer), rope.freq_base_swa;
 Gemma 2: attn_logit_softcapping, final_logit_softcapping; rope.scaling.{type,factor,
 original_context_length,attn_factor}; Phi-3's LongRoPE factors are the tensors
@@ -107,7 +109,9 @@ def gguf_arch_config(gguf: GGUFFile) -> ModelConfig:
             cfg["shared_expert_intermediate_size"] = int(get("expert_shared_feed_forward_length"))
             cfg["qkv_bias"] = "blk.0.attn_q.bias" in gguf.tensors
         cfg["intermediate_size"] = cfg["intermediate_size"] or cfg["moe_intermediate_size"]
-    window = get("attention.sliding_window")
+    # NOTE: llama.cpp's gemma2 defaults to a 4096-token window (files from before its converter
+    # wrote the key); elsewhere no key (or 0, Phi-3's "none") means no window
+    window = get("attention.sliding_window", 4096 if arch == "gemma2" else None)
     if window:
         cfg["sliding_window"] = int(window)
         cfg["layer_types"] = _layer_types(arch, layers, get("attention.sliding_window_pattern"))
@@ -126,9 +130,7 @@ def gguf_arch_config(gguf: GGUFFile) -> ModelConfig:
         cfg["partial_rotary_factor"] = (
             factor if int(head_dim * factor) == int(rot) else ((int(rot) + 0.5) / head_dim)
         )
-    kind = get("rope.scaling.type")
-    if kind == "linear":
-        cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(get("rope.scaling.factor"))}
+    cfg["rope_scaling"] = gguf_rope_scaling(gguf)
     if "rope_factors_long.weight" in gguf.tensors:  # Phi-3 LongRoPE
         original = int(get("rope.scaling.original_context_length", cfg["max_position_embeddings"]))
         cfg["original_max_position_embeddings"] = original
@@ -141,6 +143,20 @@ def gguf_arch_config(gguf: GGUFFile) -> ModelConfig:
         if get("rope.scaling.attn_factor") is not None:
             cfg["rope_scaling"]["attention_factor"] = float(get("rope.scaling.attn_factor"))
     return ModelConfig.from_hf_dict(cfg)
+
+
+def gguf_rope_scaling(gguf: GGUFFile) -> dict[str, Any] | None:
+    """The rotary scaling of a GGUF (Phi-3's LongRoPE aside): `rope.scaling.type` linear with its
+    `rope.scaling.factor`, and llama.cpp's `rope_freqs.weight` tensor, one divisor of the rotary
+    frequency per pair of rotary dims: what its converter writes for Llama 3.1+'s "llama3"
+    scaling (with no metadata key), and what llama.cpp applies on top of a linear factor."""
+    arch = gguf.architecture
+    linear = gguf.metadata.get(f"{arch}.rope.scaling.type") == "linear"
+    factor = float(gguf.metadata[f"{arch}.rope.scaling.factor"]) if linear else 1.0
+    if "rope_freqs.weight" in gguf.tensors:
+        divisors = gguf.tensors["rope_freqs.weight"].to_torch().float() * factor
+        return {"rope_type": "freq_factors", "freq_factors": divisors.tolist()}
+    return {"rope_type": "linear", "factor": factor} if linear else None
 
 
 def _layer_types(arch: str, layers: int, pattern: Any) -> list[str]:

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from radixlm.runtime.models.loader import resolve_model
+from radixlm.runtime.models.rotary import rope_inv_freq
 
 
 @dataclass
@@ -53,6 +54,8 @@ class HFReference:
             )
         if source.config.tie_word_embeddings:
             model.tie_weights()
+        if (source.config.rope_scaling or {}).get("rope_type") == "freq_factors":
+            _set_rotary_frequencies(model, rope_inv_freq(source.config))
         tokenizer = (
             None if source.load_format == "dummy" else load_tokenizer(source.path, source.gguf)
         )
@@ -88,3 +91,16 @@ class HFReference:
         """log-softmax over the vocabulary at every position `[len, vocab]` (float32)."""
         logits = self.model(torch.tensor([token_ids], device=self.model.device)).logits[0].float()
         return torch.log_softmax(logits, dim=-1)
+
+
+def _set_rotary_frequencies(model: Any, inv_freq: torch.Tensor) -> None:
+    """A GGUF's per-dim rotary frequencies (llama.cpp's `rope_freqs`), which no transformers rope
+    type expresses, written into the model's rotary embeddings."""
+    rotaries = [
+        m for m in model.modules() if isinstance(getattr(m, "inv_freq", None), torch.Tensor)
+    ]
+    assert rotaries, "no rotary embedding with an inv_freq buffer"
+    for module in rotaries:
+        module.inv_freq.copy_(inv_freq)
+        if isinstance(getattr(module, "original_inv_freq", None), torch.Tensor):
+            module.original_inv_freq.copy_(inv_freq)

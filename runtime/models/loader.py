@@ -118,8 +118,9 @@ def gguf_config(gguf: GGUFFile) -> ModelConfig:
         "bos_token_id": md.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": md.get("tokenizer.ggml.eos_token_id"),
     }
-    if get("rope.scaling.type") == "linear":
-        cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(get("rope.scaling.factor"))}
+    from radixlm.runtime.models.gguf_arch import gguf_rope_scaling
+
+    cfg["rope_scaling"] = gguf_rope_scaling(gguf)  # linear, or Llama 3's `rope_freqs.weight`
     return ModelConfig.from_hf_dict(cfg)
 
 

@@ -1,5 +1,5 @@
 """Rotary position embeddings (rotate-half / NeoX layout, as Hugging Face Llama), with Llama-3 and
-linear scaling, over each head's first `config.rotary_dim` dims (all of them unless the config has
+linear scaling (or a GGUF's per-dim frequency divisors, llama.cpp's `rope_freqs`), over each head's first `config.rotary_dim` dims (all of them unless the config has
 a `partial_rotary_factor`; the other dims pass through, as in transformers). The cos/sin table is built once per model with exactly HF's float32 arithmetic, so
 cached lookups equal HF's on-the-fly values bit for bit."""
 
@@ -20,6 +20,11 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "linear":
         inv_freq = inv_freq / float(scaling["factor"])
+    elif kind == "freq_factors":  # llama.cpp's `rope_freqs` (a GGUF's Llama 3 scaling)
+        divisors = torch.tensor(scaling["freq_factors"], dtype=torch.float32)
+        if divisors.shape != inv_freq.shape:
+            raise ValueError(f"{divisors.shape[0]} rope freq factors for {dim} rotary dims")
+        inv_freq = inv_freq / divisors
     elif kind == "llama3":
         factor = float(scaling["factor"])
         low = float(scaling.get("low_freq_factor", 1.0))
