@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import psutil
 import torch
@@ -32,12 +33,17 @@ from radixlm.runtime.distributed.sharding import local_config
 from radixlm.runtime.distributed.state import parallel_state
 from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.executor.forward_batch import ForwardBatch
+from radixlm.runtime.executor.graph_capture import Capture
 from radixlm.runtime.mem.kv_pool import KVPool, ReqToTokenPool
 from radixlm.runtime.models.fp8 import finish_fp8_checkpoint
 from radixlm.runtime.models.llama import Linear, LlamaForCausalLM
 from radixlm.runtime.models.loader import ModelSource
 from radixlm.runtime.models.registry import model_class
 from radixlm.runtime.server_args import ServerArgs
+from radixlm.runtime.speculative.setup import verify_graph_nodes
+
+if TYPE_CHECKING:
+    from radixlm.runtime.executor.verify_graphs import VerifyGraphRunner
 
 logger = logging.getLogger(__name__)
 
@@ -162,6 +168,10 @@ class ModelRunner:
             width = getattr(self.model, "graph_feature_dim", None)
             features = None if width is None else (width, self.dtype)
             self.graphs = CudaGraphRunner(self.model, self.attn, max_bs, self.device, features)
+        self.verify_graphs: VerifyGraphRunner | None = None
+        verify_nodes = verify_graph_nodes(args)
+        if self.graphs is not None and verify_nodes is not None:
+            self.capture_verify_graphs([verify_nodes])
         if self.device.type == "cuda":
             self._warm_extend()
 
@@ -303,12 +313,49 @@ class ModelRunner:
     # ---- forward -------------------------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """Final hidden states of the rows `batch.logits_indices` (all rows when None)."""
+        """Final hidden states of the rows `batch.logits_indices` (all rows when None): a decode
+        batch replays a decode CUDA graph and a verify batch (`tree_mask`) a verify graph where
+        one fits (executor/verify_graphs.py), anything else runs eager."""
         capturing = getattr(self.model, "capture", None) is not None
-        if self.graphs is not None and not capturing and self.graphs.can_run(batch):
+        if capturing:  # NOTE: a draft head's hidden-state capture: eager
+            pass
+        elif batch.tree_mask is not None:  # a speculative verify step: its graph, if one fits
+            if self.verify_graphs is not None and self.verify_graphs.can_run(batch):
+                return self.verify_graphs.replay(batch)
+        elif self.graphs is not None and self.graphs.can_run(batch):
             return self.graphs.replay(batch)
         self.attn.init_forward_metadata(batch)
         return self.model(batch, self.attn)
+
+    def capture_verify_graphs(
+        self, node_counts: Sequence[int], max_bs: int | None = None, capture: Capture | None = None
+    ) -> None:
+        """CUDA graphs for verify forwards of `node_counts` nodes per request and up to `max_bs`
+        requests (None: the decode graphs' bound), captured by `capture` (None: the decode graphs'
+        own, into their pool); then `forward` replays them (executor/verify_graphs.py). A no-op
+        without decode graphs and `capture` (CPU, --disable-cuda-graph, a draft head's target) or
+        with an attention backend that has no verify graphs. A collective at TP > 1 (every rank
+        captures the same shapes, as at construction)."""
+        from radixlm.runtime.executor.verify_graphs import VerifyGraphRunner
+
+        if capture is None:
+            if self.graphs is None:
+                return
+            capture = self.graphs.capture
+        bound = self.graphs.max_bs if self.graphs is not None else self.max_running
+        limit = min(max_bs or bound, self.max_running)
+        self.verify_graphs = None  # NOTE: the old graphs' memory goes back to the pool first
+        try:
+            self.verify_graphs = VerifyGraphRunner(
+                self.model, self.attn, limit, node_counts, self.device, capture
+            )
+        except NotImplementedError as err:
+            logger.info("verify steps run eager: %s", err)
+
+    @property
+    def verify_graph_replays(self) -> int:
+        """Verify forwards that replayed a CUDA graph so far."""
+        return 0 if self.verify_graphs is None else self.verify_graphs.replays
 
     def set_hidden_capture(self, layers: tuple[int, ...] | None) -> None:
         """Turn the target's hidden-state capture for a draft head on (`layers`: the model's
