@@ -231,3 +231,37 @@ def test_draft_models_verify_graph_nodes() -> None:
     assert verify_graph_nodes(standalone) == 5  # a chain of 4 drafts and its root
     eagle = ServerArgs(model_path="tiny-llama", speculative_algorithm="EAGLE", **draft)
     assert verify_graph_nodes(eagle) is None  # the head's target runs eager (hidden capture)
+
+
+def test_the_speculative_step_through_verify_graphs() -> None:
+    """The real scheduler's speculative step on the graph path (triton in the interpreter, a
+    re-running capture of 1..8 requests x 6 nodes): scripted drafts of every quality in a batch
+    of 5 (the 8-graph, then smaller ones as requests finish; trees cut near max_new_tokens pad
+    their nodes) give the plain tokens, and the step counts the verify forwards that replayed."""
+    from speculative.test_spec_scheduler import REQS, Scripted, every_draft, gen, ids_of, run_all
+
+    from radixlm.runtime.scheduler.scheduler import Scheduler
+
+    args = ServerArgs(
+        model_path="tiny-qwen2", load_format="dummy", device="cpu", dtype="float32",
+        attention_backend="triton", skip_tokenizer_init=True, random_seed=0,
+        max_total_tokens=2048, max_running_requests=8, num_threads=1,
+        speculative_algorithm="NGRAM", speculative_num_draft_tokens=6,
+    )  # fmt: skip
+    runner = ModelRunner(args, resolve_model("tiny-qwen2", "dummy"))
+    runner.model.cpu_decode = None  # NOTE: the layer path, as on a GPU
+
+    def submit(s: Scheduler) -> dict[str, list[int]]:
+        for rid, ids, max_new in REQS:
+            s.handle(gen(rid, ids, max_new_tokens=max_new))
+        return ids_of(run_all(s))
+
+    plain = submit(Scheduler(args.replace(speculative_algorithm=None), runner))
+    runner.capture_verify_graphs([6], 8, capture=RerunCapture())
+    runner.kv_pool.allocator.clear()  # NOTE: the plain run's radix cache went with its scheduler
+    s = Scheduler(args, runner)
+    every_draft(s)
+    s.spec.proposer = Scripted(plain, 6, {"r0": 0, "r1": 1, "r2": 3, "r3": 99})
+    assert submit(s) == plain
+    assert s.stats["spec_verify_graph_steps"] == runner.verify_graph_replays > 0
+    assert s.stats["spec_committed_tokens"] > s.stats["spec_verify_steps"]
