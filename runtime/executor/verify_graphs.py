@@ -21,8 +21,9 @@ sequence lengths and packed mask are copied into the static buffers as a [size, 
 padding is zeros: a padding node (j >= n of a real request) writes its K/V to slot 0 (the pool's
 padding slot, never a real token's) and its mask row is empty (it attends to its request's prefix
 only, and nobody attends to it); a padding request (i >= B) has row 0, prefix 0 and an empty
-mask, so it reads nothing and outputs zeros. The graph's output rows of the real nodes are
-returned in the batch's own [B * n] order (a copy only when n < nodes).
+mask, so it reads nothing and outputs zeros. Every graph copies its output rows into one static
+buffer (`output`, the largest graph's rows), and the rows of the real nodes are returned from it
+in the batch's own [B * n] order (a copy only when n < nodes).
 
 Ownership: belongs to the ModelRunner; the static buffers and outputs are overwritten by every
 replay (and the pool is shared with the decode graphs): callers consume the returned tensor
@@ -159,9 +160,16 @@ class VerifyGraphRunner:
         self.graphs: dict[tuple[int, int], Replayable] = {}
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}
         self.batches: dict[tuple[int, int], ForwardBatch] = {}
+        self.output: torch.Tensor | None = None  # every graph's output rows (`_forward`)
         self.replays = 0
         attn.init_verify_graph_state(self.max_bs, self.node_counts)
         self._capture_all()
+
+    @property
+    def static_bytes(self) -> int:
+        """Device memory the graphs hold outside their pool: static inputs and the output."""
+        out = 0 if self.output is None else self.output.numel() * self.output.element_size()
+        return self.inputs.nbytes + out
 
     @property
     def captured(self) -> list[tuple[int, int]]:
@@ -176,14 +184,24 @@ class VerifyGraphRunner:
         for key in sorted(keys, key=lambda k: (k[0] * k[1], k), reverse=True):
             batch = self.inputs.batch(*key)
             self.attn.prepare_capture(key[0], batch)
-            graph, out = self.capture.capture(lambda batch=batch: self.model(batch, self.attn))
+            graph, out = self.capture.capture(lambda batch=batch: self._forward(batch))
             self.graphs[key], self.outputs[key], self.batches[key] = graph, out, batch
         logger.info(
-            "captured CUDA graphs for verify steps (batch size x nodes): %s; static inputs "
-            "%.1f MB; graph pool (with decode's) %.1f MB",
-            {n: s for n, s in self.sizes.items()}, self.inputs.nbytes / 1e6,
-            self.capture.pool_bytes / 1e6,
+            "captured CUDA graphs for verify steps (nodes: batch sizes) %s; static inputs and "
+            "output %.1f MB; graph pool (with decode's) %.1f MB",
+            self.sizes, self.static_bytes / 1e6, self.capture.pool_bytes / 1e6,
         )  # fmt: skip
+
+    def _forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """The model's forward of a captured batch, its rows copied into the one static output
+        buffer of the largest shape (allocated by the first warm-up call, outside the graphs).
+        NOTE: so the graphs share one output ([max rows, H]) instead of keeping one each (with
+        B x N rows per graph, that sum would be ~10x the largest graph's output)."""
+        out = self.model(batch, self.attn)
+        if self.output is None:
+            rows = self.max_bs * self.node_counts[-1]
+            self.output = out.new_empty(rows, *out.shape[1:])
+        return self.output[: out.shape[0]].copy_(out)
 
     def key(self, bs: int, nodes: int) -> tuple[int, int] | None:
         """The (size, nodes) graph a verify batch of bs x nodes replays; None above them all."""

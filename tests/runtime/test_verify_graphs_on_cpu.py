@@ -135,6 +135,10 @@ def test_capture_bookkeeping_and_replay_with_a_fake_graph() -> None:
     rows = [b * n for b, n in model.shapes]
     assert rows == sorted(rows, reverse=True) and rows[0] == 24  # largest first
     assert runner.inputs.nbytes == (3 * 8 * 6 + 3 * 8) * 8 + 8 * 6 * 4
+    # one output buffer for every graph (the largest grid's rows), outside the pool
+    assert runner.output is not None and runner.output.shape == (48, 1)
+    assert all(o.data_ptr() == runner.output.data_ptr() for o in runner.outputs.values())
+    assert runner.static_bytes == runner.inputs.nbytes + 48 * 4
     for (b, n), key in {(1, 2): (1, 3), (3, 3): (4, 3), (3, 5): (4, 6), (5, 3): (8, 3)}.items():
         assert runner.key(b, n) == key
     assert runner.key(5, 4) is None and runner.key(1, 7) is None and runner.key(9, 1) is None
