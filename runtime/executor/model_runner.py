@@ -330,27 +330,15 @@ class ModelRunner:
     def capture_verify_graphs(
         self, node_counts: Sequence[int], max_bs: int | None = None, capture: Capture | None = None
     ) -> None:
-        """CUDA graphs for verify forwards of `node_counts` nodes per request and up to `max_bs`
-        requests (None: the decode graphs' bound), captured by `capture` (None: the decode graphs'
-        own, into their pool); then `forward` replays them (executor/verify_graphs.py). A no-op
-        without decode graphs and `capture` (CPU, --disable-cuda-graph, a draft head's target) or
-        with an attention backend that has no verify graphs. A collective at TP > 1 (every rank
-        captures the same shapes, as at construction)."""
-        from radixlm.runtime.executor.verify_graphs import VerifyGraphRunner
+        """CUDA graphs for verify forwards of `node_counts` nodes per request, up to `max_bs`
+        requests (None: the decode graphs' bound), by `capture` (None: the decode graphs' own,
+        into their pool); `forward` then replays them. A no-op without decode graphs or
+        `capture`, or with a backend without verify graphs (`build_verify_graphs`). NOTE: at
+        TP > 1 only during construction (every rank captures alike there, nothing broadcast)."""
+        from radixlm.runtime.executor.verify_graphs import build_verify_graphs
 
-        if capture is None:
-            if self.graphs is None:
-                return
-            capture = self.graphs.capture
-        bound = self.graphs.max_bs if self.graphs is not None else self.max_running
-        limit = min(max_bs or bound, self.max_running)
         self.verify_graphs = None  # NOTE: the old graphs' memory goes back to the pool first
-        try:
-            self.verify_graphs = VerifyGraphRunner(
-                self.model, self.attn, limit, node_counts, self.device, capture
-            )
-        except NotImplementedError as err:
-            logger.info("verify steps run eager: %s", err)
+        self.verify_graphs = build_verify_graphs(self, node_counts, max_bs, capture)
 
     @property
     def verify_graph_replays(self) -> int:

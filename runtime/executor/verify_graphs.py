@@ -35,6 +35,7 @@ from __future__ import annotations
 import bisect
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -237,3 +238,28 @@ class VerifyGraphRunner:
         self.graphs[key].replay()
         self.replays += 1
         return real_rows(self.outputs[key], bs, n, *key)
+
+
+def build_verify_graphs(
+    runner: Any,  # model_runner.py `ModelRunner`
+    node_counts: Sequence[int],
+    max_bs: int | None = None,
+    capture: Capture | None = None,
+) -> VerifyGraphRunner | None:
+    """`runner`'s verify graphs (`ModelRunner.capture_verify_graphs`): up to `max_bs` requests
+    (None: its decode graphs' bound; never above its running requests), captured by `capture`
+    (None: its decode graphs' capture and pool); None without decode graphs or `capture` (CPU,
+    --disable-cuda-graph, a draft head's target) or with a backend that has no verify graphs."""
+    graphs = runner.graphs
+    if capture is None:
+        if graphs is None:
+            return None
+        capture = graphs.capture
+    bound = graphs.max_bs if graphs is not None else runner.max_running
+    limit = min(max_bs or bound, runner.max_running)
+    try:
+        return VerifyGraphRunner(runner.model, runner.attn, limit, node_counts, runner.device,
+                                 capture)  # fmt: skip
+    except NotImplementedError as err:
+        logger.info("verify steps run eager: %s", err)
+        return None

@@ -27,13 +27,15 @@ def verify_graph_nodes(args: ServerArgs) -> int | None:
     speculation is off or the target runs a draft head's hidden-state capture (EAGLE / EAGLE3:
     its forwards run eager)."""
     algo = args.speculative_algorithm
+    nodes = None
     if algo == "NGRAM":
-        return args.speculative_num_draft_tokens or args.speculative_ngram_max_match_window_size
-    if algo == "STANDALONE":
+        nodes = args.speculative_num_draft_tokens or args.speculative_ngram_max_match_window_size
+    elif algo == "STANDALONE":
         from radixlm.runtime.speculative.draft_setup import draft_shape
 
-        return draft_shape(args).num_nodes
-    return None
+        nodes = draft_shape(args).num_nodes
+    # NOTE: more than a tree can hold: none (`make_proposer` refuses the flag by name)
+    return nodes if nodes is not None and nodes <= MAX_TREE_NODES else None
 
 
 def make_proposer(args: ServerArgs, runner: Any) -> Proposer | None:
@@ -45,8 +47,7 @@ def make_proposer(args: ServerArgs, runner: Any) -> Proposer | None:
         from radixlm.runtime.speculative.ngram import NgramProposer
 
         hi = args.speculative_ngram_max_match_window_size
-        nodes = verify_graph_nodes(args)
-        assert nodes is not None
+        nodes = args.speculative_num_draft_tokens or hi
         if nodes > MAX_TREE_NODES:
             raise InvalidRequestError(
                 f"speculative_num_draft_tokens must be at most {MAX_TREE_NODES}",

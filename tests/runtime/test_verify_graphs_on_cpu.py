@@ -15,6 +15,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.executor.verify_graphs import (
@@ -235,6 +236,11 @@ def test_draft_models_verify_graph_nodes() -> None:
     assert verify_graph_nodes(standalone) == 5  # a chain of 4 drafts and its root
     eagle = ServerArgs(model_path="tiny-llama", speculative_algorithm="EAGLE", **draft)
     assert verify_graph_nodes(eagle) is None  # the head's target runs eager (hidden capture)
+    too_many = ServerArgs(model_path="tiny-llama", speculative_algorithm="NGRAM",
+                          speculative_num_draft_tokens=65)  # fmt: skip
+    assert verify_graph_nodes(too_many) is None  # no capture: make_proposer refuses it by name
+    with pytest.raises(InvalidRequestError, match="at most 64"):
+        make_proposer(too_many, None)
 
 
 def test_the_speculative_step_through_verify_graphs() -> None:
