@@ -27,9 +27,10 @@ The verify forward is the speculative step's own: a tree verify batch (tree.veri
 a chain of k + 1 nodes per request, the tree-mask attention) through `ModelRunner.forward`, which
 replays a verify CUDA graph where one fits (executor/verify_graphs.py: captured here for every
 k + 1 and every batch size of the decode ladder up to the largest B); plain decode replays the
-decode graphs (up to the largest B). `mode` says how each forward ran, as `decode/verify`:
-`graph` (the verify forward did replay a verify graph: the runner's replay counter moved) or
-`eager` (on CPU, with --disable-cuda-graph, or above the captured sizes). Runs on CPU too (the
+decode graphs (up to the largest B). `mode` says how the forwards ran (`decode/verify` where
+the two differ): `graph` (for the verify forward: it did replay a verify graph, the runner's
+replay counter moved) or `eager` (on CPU, with --disable-cuda-graph, or above the captured
+sizes). Runs on CPU too (the
 tests use a tiny preset): `python -m radixlm.bench.gpu_spec --model tiny-llama --device cpu`.
 """
 
@@ -274,7 +275,7 @@ def run(
     if verify is not None:
         note += (
             f", verify graphs of {verify.node_counts} nodes x batch sizes up to {verify.max_bs} "
-            f"({len(verify.captured)} graphs, pool {verify.capture.pool_bytes / 1e6:.0f} MB)"
+            f"({len(verify.captured)}; graph pool {verify.capture.pool_bytes / 1e6:.0f} MB)"
         )
     cost = verify_cost(bench, ks, iters)
     sweep, crossover = batch_sweep(bench, ks, batches, iters)
