@@ -150,6 +150,10 @@ class VerifyGraphRunner:
         capture: Capture,
         max_rows: int | None = None,
     ) -> None:
+        """Captures at once: for each node count N of `node_counts`, decode's ladder of batch
+        sizes up to `max_bs`, cut to size x N <= `max_rows` (a row budget such as the draft
+        gate's `max_rows`; None on GPU, where every draft is verified); a node count left with
+        no size is dropped (ValueError when none is left)."""
         self.model, self.attn, self.capture = model, attn, capture
         sizes = {n: verify_batch_sizes(max_bs, n, max_rows) for n in sorted(set(node_counts))}
         self.sizes = {n: s for n, s in sizes.items() if s}  # node count -> its batch sizes
