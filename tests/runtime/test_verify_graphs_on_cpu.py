@@ -5,7 +5,8 @@ order, the attention backend's workspace), and, through the real model runner wi
 backend in the interpreter and a capture that re-runs the recorded forward on replay
 (`RerunCapture`), the graph path against the eager one: the same hidden states, padding lanes
 writing no real KV slot, and the replay counter. Capture and replay on a device:
-tests/gpu/test_gpu.py and tests/speculative/test_draft_gpu.py."""
+tests/gpu/test_gpu.py and tests/speculative/test_draft_gpu.py. With a CUDA device the runner tests
+run there (real Triton kernels, still the re-running capture)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ from radixlm.runtime.models.loader import resolve_model
 from radixlm.runtime.server_args import ServerArgs
 from radixlm.runtime.speculative.setup import make_proposer, verify_graph_nodes
 from radixlm.runtime.speculative.tree import alloc_draft_slots, build_tree, verify_forward_batch
+
+# NOTE: on CPU the triton backend runs in the interpreter (tests/conftest.py sets it)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 class RerunGraph:
@@ -151,7 +155,7 @@ def test_capture_bookkeeping_and_replay_with_a_fake_graph() -> None:
 
 def _runner() -> ModelRunner:
     args = ServerArgs(
-        model_path="tiny-llama", load_format="dummy", attention_backend="triton",
+        model_path="tiny-llama", load_format="dummy", attention_backend="triton", device=DEVICE,
         max_total_tokens=512, max_running_requests=4, disable_cuda_graph=True, dtype="float32",
     )  # fmt: skip
     runner = ModelRunner(args, resolve_model("tiny-llama", "dummy"))
@@ -175,7 +179,7 @@ def test_verify_graph_equals_eager_in_the_model_runner() -> None:
         slots = pool.allocator.alloc(pre)
         runner.req_to_token.write(row, 0, slots)
         for layer in range(len(runner.model.layers)):
-            kv = torch.randn(2, pre, pool.k[layer].shape[1], pool.k[layer].shape[2])
+            kv = torch.randn(2, pre, pool.k[layer].shape[1], pool.k[layer].shape[2]).to(DEVICE)
             pool.store(layer, slots, kv[0], kv[1])
     cases = [
         ([[-1, 0, 1, 1, -1], [-1, 0, 0, 2, 3], [-1, -1, -1, -1, -1]], prefixes),
@@ -186,7 +190,7 @@ def test_verify_graph_equals_eager_in_the_model_runner() -> None:
         counts = [1 + sum(p >= 0 for p in row[1:]) for row in parents]
         loc = alloc_draft_slots(pool.allocator, counts, len(parents[0]))
         tree = build_tree(torch.tensor(parents), torch.tensor(pre), check=True)
-        ids = torch.tensor([rng.randrange(3, 500) for _ in range(loc.numel())])
+        ids = torch.tensor([rng.randrange(3, 500) for _ in range(loc.numel())], device=DEVICE)
         batch = verify_forward_batch(ids, torch.tensor(rows[: len(pre)]), pre, loc, tree)
         batches.append(batch)
         eager.append(runner.forward(batch).clone())
@@ -201,7 +205,7 @@ def test_verify_graph_equals_eager_in_the_model_runner() -> None:
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
         assert runner.verify_graph_replays == i + 1
     written = torch.cat([b.out_cache_loc for b in batches]).unique()
-    keep = torch.ones(pool.k[0].shape[0], dtype=torch.bool)
+    keep = torch.ones(pool.k[0].shape[0], dtype=torch.bool, device=DEVICE)
     keep[written] = False  # the draft slots (rewritten) and slot 0 (the padding lanes')
     bits = lambda t: t[keep].view(torch.int32)  # noqa: E731  (never-written slots: any bits)
     for (k0, v0), k1, v1 in zip(before, pool.k, pool.v):
@@ -209,8 +213,8 @@ def test_verify_graph_equals_eager_in_the_model_runner() -> None:
     too_big = [[-1, 0]] * 5  # 5 requests: above the largest graph, eager
     loc = alloc_draft_slots(pool.allocator, [2] * 5, 2)
     tree = build_tree(torch.tensor(too_big), torch.tensor([1] * 5))
-    big = verify_forward_batch(torch.ones(10, dtype=torch.int64), torch.zeros(5), [1] * 5, loc,
-                               tree)  # fmt: skip
+    ones = torch.ones(10, dtype=torch.int64, device=DEVICE)
+    big = verify_forward_batch(ones, torch.zeros(5), [1] * 5, loc, tree)
     assert not graphs.can_run(big)
 
 
@@ -253,10 +257,10 @@ def test_the_speculative_step_through_verify_graphs() -> None:
     from radixlm.runtime.scheduler.scheduler import Scheduler
 
     args = ServerArgs(
-        model_path="tiny-qwen2", load_format="dummy", device="cpu", dtype="float32",
+        model_path="tiny-qwen2", load_format="dummy", device=DEVICE, dtype="float32",
         attention_backend="triton", skip_tokenizer_init=True, random_seed=0,
         max_total_tokens=2048, max_running_requests=8, num_threads=1,
-        speculative_algorithm="NGRAM", speculative_num_draft_tokens=6,
+        speculative_algorithm="NGRAM", speculative_num_draft_tokens=6, disable_cuda_graph=True,
     )  # fmt: skip
     runner = ModelRunner(args, resolve_model("tiny-qwen2", "dummy"))
     runner.model.cpu_decode = None  # NOTE: the layer path, as on a GPU
