@@ -253,7 +253,8 @@ def build_verify_graphs(
     """`runner`'s verify graphs (`ModelRunner.capture_verify_graphs`): up to `max_bs` requests
     (None: its decode graphs' bound; never above its running requests), captured by `capture`
     (None: its decode graphs' capture and pool); None without decode graphs or `capture` (CPU,
-    --disable-cuda-graph, a draft head's target) or with a backend that has no verify graphs."""
+    --disable-cuda-graph, a draft head's target), with a backend that has no verify graphs, or
+    when the capture fails (logged as a warning: the step stays exact, eager)."""
     graphs = runner.graphs
     if capture is None:
         if graphs is None:
@@ -266,4 +267,6 @@ def build_verify_graphs(
                                  capture)  # fmt: skip
     except NotImplementedError as err:
         logger.info("verify steps run eager: %s", err)
-        return None
+    except RuntimeError as err:  # NOTE: a model whose verify forward cannot be captured
+        logger.warning("verify CUDA graphs not captured, verify steps run eager: %s", err)
+    return None

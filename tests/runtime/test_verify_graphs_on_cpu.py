@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.executor.verify_graphs import (
     VerifyGraphRunner,
     VerifyInputs,
+    build_verify_graphs,
     real_rows,
     verify_batch_sizes,
 )
@@ -151,6 +153,21 @@ def test_capture_bookkeeping_and_replay_with_a_fake_graph() -> None:
     assert runner.can_run(batch)
     out = runner.replay(batch)  # the (4, 6) graph: both dims padded
     assert torch.equal(out[:, 0], batch.input_ids.float() + 1.0) and runner.replays == 1
+
+
+class _FailingCapture(RerunCapture):
+    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[RerunGraph, torch.Tensor]:
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+
+def test_no_graphs_without_a_capture_or_when_capture_fails(caplog) -> None:
+    runner = SimpleNamespace(graphs=None, max_running=4, model=_Model(), attn=_Attn(),
+                             device=torch.device("cpu"))  # fmt: skip
+    assert build_verify_graphs(runner, [6]) is None  # no decode graphs (CPU, disabled)
+    assert build_verify_graphs(runner, [6], capture=_FailingCapture()) is None
+    assert "verify steps run eager" in caplog.text
+    built = build_verify_graphs(runner, [6], max_bs=16, capture=RerunCapture())
+    assert built is not None and built.max_bs == 4  # never above the running requests
 
 
 def _runner() -> ModelRunner:
