@@ -20,7 +20,8 @@ Sections (`--sections`, comma-separated, all by default):
   moe       the fused-MoE kernel against its bound (bench/gpu_moe.py)
   spec      speculative decoding's verify step on the model runner, forced acceptance: cost per
             accepted token at k = 2..8 drafts (batch 1) and the crossover batch size 1..64 where
-            verifying k + 1 rows per request stops paying (bench/gpu_spec.py)
+            verifying k + 1 rows per request stops paying; the verify forward is the step's tree
+            verify batch, replaying its verify CUDA graph (`mode` says so) (bench/gpu_spec.py)
   kernels   `radixlm bench kernels --sections check,decode,extend` (full-shape checks, attention
             vs roofline and SDPA)
 """

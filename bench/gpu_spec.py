@@ -23,10 +23,15 @@ The batch sweep (B requests, each verifying k + 1 rows, against B rows of plain 
 accepted, and `pays_x_at_3` with 3 accepted; the crossover batch is the smallest B where it is
 below 1 (speculation stops paying), or None when it still pays at the largest B.
 
-`mode` says how each forward ran: `graph` (a decode CUDA graph: the runner captures decode
-batches up to `cuda_graph_max_bs` rows, set here to the largest row count) or `eager` (on CPU,
-with --disable-cuda-graph, or above the captured sizes). Runs on CPU too (the tests use a tiny
-preset): `python -m radixlm.bench.gpu_spec --model tiny-llama --device cpu`.
+The verify forward is the speculative step's own: a tree verify batch (tree.verify_forward_batch,
+a chain of k + 1 nodes per request, the tree-mask attention) through `ModelRunner.forward`, which
+replays a verify CUDA graph where one fits (executor/verify_graphs.py: captured here for every
+k + 1 and every batch size of the decode ladder up to the largest B); plain decode replays the
+decode graphs (up to the largest B). `mode` says how the forwards ran (`decode/verify` where
+the two differ): `graph` (for the verify forward: it did replay a verify graph, the runner's
+replay counter moved) or `eager` (on CPU, with --disable-cuda-graph, or above the captured
+sizes). Runs on CPU too (the
+tests use a tiny preset): `python -m radixlm.bench.gpu_spec --model tiny-llama --device cpu`.
 """
 
 from __future__ import annotations
@@ -62,7 +67,9 @@ class VerifyBench:
         self, model: str, max_batch: int, max_k: int, context: int = CONTEXT, *,
         device: str | None = None, load_format: str = "dummy", dtype: str | None = None,
         graphs: bool = True, num_threads: int | None = None, seed: int = 0,
+        ks: Sequence[int] | None = None,
     ) -> None:  # fmt: skip
+        """`ks`: the draft counts whose verify forwards get CUDA graphs (None: 1 .. max_k)."""
         from radixlm.runtime.executor.model_runner import ModelRunner
         from radixlm.runtime.models.loader import resolve_model
         from radixlm.runtime.server_args import ServerArgs
@@ -76,10 +83,12 @@ class VerifyBench:
         args = ServerArgs(
             model_path=model, load_format=load_format, skip_tokenizer_init=True, device=device,
             max_running_requests=rows, max_total_tokens=2 * max(rows, max_batch * per_req) + 64,
-            cuda_graph_max_bs=rows, disable_cuda_graph=not graphs, random_seed=seed,
+            cuda_graph_max_bs=max_batch, disable_cuda_graph=not graphs, random_seed=seed,
             context_length=per_req + 8, **extra,
         )  # fmt: skip
         self.runner = ModelRunner(args, resolve_model(model, load_format))
+        nodes = [k + 1 for k in (ks or range(1, max_k + 1))]
+        self.runner.capture_verify_graphs(nodes, max_bs=max_batch)  # no-op without graphs
         self.device = self.runner.device
         self.reqs = [self.runner.req_to_token.alloc() for _ in range(max_batch)]
         for row in self.reqs:
@@ -130,6 +139,23 @@ class VerifyBench:
             self._t([req for req in reqs for _ in range(k + 1)]), self._t(seq), seq,
         )  # fmt: skip
 
+    def verify_batch(self, batch_size: int, k: int, ids: list[list[int]]) -> Any:
+        """The speculative step's verify forward of `batch_size` requests, each a chain of k + 1
+        nodes `ids[b][: k + 1]` after its `context` cached tokens (its draft slots: the next
+        k + 1 of its own row), every row's output, in `rows_batch`'s row order."""
+        from radixlm.runtime.speculative.tree import (
+            build_tree,
+            chain_parents,
+            verify_forward_batch,
+        )
+
+        reqs, n = self.reqs[:batch_size], k + 1
+        prefix = [self.context] * batch_size
+        tree = build_tree(chain_parents([n] * batch_size, n), torch.tensor(prefix))
+        loc = self._t([s for req in reqs for s in self._slots(req, self.context, n)])
+        flat = self._t([t for b in range(batch_size) for t in ids[b][:n]])
+        return verify_forward_batch(flat, self._t(reqs), prefix, loc.view(batch_size, n), tree)
+
     def _greedy(self, first: list[int], n: int) -> list[list[int]]:
         """`n` greedy tokens per request: `first`, then plain decode steps of all requests."""
         tokens = [[t] for t in first]
@@ -151,7 +177,7 @@ class VerifyBench:
         target predicts from the rows before them, then its own next token (the bonus; k + 1 in
         all when every draft matches). The drafts are `tokens` (the target's greedy continuation:
         forced acceptance) unless given; `drafts[b][0]` is the request's last committed token."""
-        out = self.predict(self.rows_batch(batch_size, k, drafts or self.tokens))
+        out = self.predict(self.verify_batch(batch_size, k, drafts or self.tokens))
         result = []
         for b in range(batch_size):
             rows = out[b * (k + 1) : (b + 1) * (k + 1)]
@@ -163,10 +189,19 @@ class VerifyBench:
         return result
 
     def time(self, batch_size: int, k: int, iters: int) -> Timing:
-        """Median time of one forward + logits + argmax of `rows_batch(batch_size, k)`."""
-        batch = self.rows_batch(batch_size, k, self.tokens)
-        graphs = self.runner.graphs
-        mode = "graph" if graphs is not None and graphs.can_run(batch) else "eager"
+        """Median time of one forward + logits + argmax: plain decode (`rows_batch`) for k = 0,
+        else the verify forward (`verify_batch`); its mode from the runner (a decode graph that
+        can run it; the verify graphs' replay counter moving over one call)."""
+        runner = self.runner
+        if k == 0:
+            batch = self.rows_batch(batch_size, 0, self.tokens)
+            graph = runner.graphs is not None and runner.graphs.can_run(batch)
+        else:
+            batch = self.verify_batch(batch_size, k, self.tokens)
+            before = runner.verify_graph_replays
+            self.predict(batch)
+            graph = runner.verify_graph_replays > before
+        mode = "graph" if graph else "eager"
         return Timing(_median_ms(lambda: self.predict(batch), iters, self.device), mode)
 
 
@@ -230,13 +265,18 @@ def run(
     iters: int = 20, **runner_kw: Any,
 ) -> dict[str, Any]:  # fmt: skip
     """Both measurements on one runner; prints the tables, returns the results."""
-    bench = VerifyBench(model, max(batches), max(ks), context, **runner_kw)
-    graphs = bench.runner.graphs
+    bench = VerifyBench(model, max(batches), max(ks), context, ks=ks, **runner_kw)
+    graphs, verify = bench.runner.graphs, bench.runner.verify_graphs
     note = (
         f"CUDA graphs for decode batches up to {graphs.max_bs} rows"
         if graphs is not None
         else f"eager (no CUDA graphs on {bench.device.type})"
     )
+    if verify is not None:
+        note += (
+            f", verify graphs of {verify.node_counts} nodes x batch sizes up to {verify.max_bs} "
+            f"({len(verify.captured)}; graph pool {verify.capture.pool_bytes / 1e6:.0f} MB)"
+        )
     cost = verify_cost(bench, ks, iters)
     sweep, crossover = batch_sweep(bench, ks, batches, iters)
     where = f"{model}, context {context}, {bench.device}, {note}"

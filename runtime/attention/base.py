@@ -6,9 +6,11 @@ stores the new K/V at `batch.out_cache_loc` and attends over the request's whole
 prefill's last layer may ask for its logits rows only (`rows_only`): the same store, then
 attention for those rows through `forward_decode`, with metadata of their own.
 
-CUDA graphs (decode only): `init_graph_state(max_bs)` allocates static metadata buffers once;
+CUDA graphs: `init_graph_state(max_bs)` allocates static metadata buffers once;
 `prepare_capture(bs, batch)` points the metadata at them before a capture; `prepare_replay(batch)`
 refreshes their contents in place before each replay. Backends that cannot be captured raise.
+Verify graphs (executor/verify_graphs.py): `init_verify_graph_state(max_bs, node_counts)`, then
+`prepare_capture(bs, batch)` with a verify batch (`tree_mask` set) of one of those node counts.
 
 Tree verify (speculative decoding): a batch with `tree_mask` set (runtime/speculative/tree.py,
 `verify_forward_batch`: B requests x N draft nodes, row i * N + j = node j) stores every node's
@@ -26,6 +28,7 @@ Ownership: a backend belongs to one ModelRunner (one scheduler thread); it never
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -142,6 +145,9 @@ class AttentionBackend(ABC):
     # ---- CUDA-graph hooks ------------------------------------------------------------------------
     def init_graph_state(self, max_bs: int) -> None:
         raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
+
+    def init_verify_graph_state(self, max_bs: int, node_counts: Sequence[int]) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no CUDA graphs for verify steps")
 
     def prepare_capture(self, bs: int, batch: ForwardBatch) -> None:
         raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")

@@ -13,8 +13,10 @@
 Per-layer sliding windows, soft caps and scales (`AttentionBackend.layer`) go to both kernels.
 An FP8 pool's per-layer scales (`kv_pool.k_scale[layer]`, python floats) go to every kernel: the
 stores quantise with them, the attention kernels dequantise (CUDA graphs bake them in at capture).
-Verify graphs (`init_verify_graph_state`, then `prepare_capture` with a verify batch) get a
-workspace of their own, sized the same way for B * N rows.
+Verify graphs (`init_verify_graph_state(max_bs, node_counts)`, then `prepare_capture` with a
+verify batch) get a workspace of their own, sized the same way for B * N rows, for the largest
+(B, N) of any captured node count N (graphs of every N carve it from the start: they never run
+at the same time).
 The decode workspace `(mid_o, mid_lse)` is carved from one fp32 buffer: sized per batch in eager
 mode, and once for the largest captured batch under CUDA graphs (each graph batch size keeps the
 split count it was captured with; the kernels derive each request's effective splits from its
@@ -23,6 +25,7 @@ seq_len, so padded lanes with seq_len 0 read nothing).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -63,7 +66,7 @@ class TritonAttnBackend(AttentionBackend):
         self._eager_buffer = torch.empty(0, dtype=torch.float32, device=kv_pool.device)
         self._graph_buffer: torch.Tensor | None = None
         self._verify_buffer: torch.Tensor | None = None  # verify graphs (init_verify_graph_state)
-        self._verify_nodes = 0
+        self._verify_nodes: tuple[int, ...] = ()
         # NOTE: one set of counters serves eager and graph launches: both run on one stream and
         # every launch leaves them zero. A decode batch (padded or not) never exceeds the pool.
         self._arrivals = torch.zeros(
@@ -201,16 +204,17 @@ class TritonAttnBackend(AttentionBackend):
         )
         self._graph_buffer = torch.empty(numel, dtype=torch.float32, device=self.kv_pool.device)
 
-    def init_verify_graph_state(self, max_bs: int, nodes: int) -> None:
-        """The static workspace of verify graphs of up to `max_bs` requests x `nodes` (each graph
-        size keeps the split count for the longest prefix, like decode); then `prepare_capture`
-        with a verify batch (`tree_mask` set) carves from it."""
-        self._verify_nodes = nodes
+    def init_verify_graph_state(self, max_bs: int, node_counts: Sequence[int]) -> None:
+        """The static workspace of verify graphs of up to `max_bs` requests x N nodes, for each N
+        of `node_counts` (each graph size keeps the split count for the longest prefix, like
+        decode); then `prepare_capture` with a verify batch (`tree_mask` set) carves from it."""
+        self._verify_nodes = tuple(node_counts)
         numel = max(
             decode_workspace_numel(
                 bs * nodes, self.num_heads, self.head_dim, self._verify_splits(bs, nodes)
             )
             for bs in range(1, max_bs + 1)
+            for nodes in self._verify_nodes
         )
         self._verify_buffer = torch.empty(numel, dtype=torch.float32, device=self.kv_pool.device)
 
@@ -221,8 +225,8 @@ class TritonAttnBackend(AttentionBackend):
     def prepare_capture(self, bs: int, batch: ForwardBatch) -> None:
         if batch.tree_mask is not None:
             nodes = batch.tree_mask.shape[1]
-            assert self._verify_buffer is not None and self._verify_nodes == nodes, (
-                "init_verify_graph_state(max_bs, nodes) first"
+            assert self._verify_buffer is not None and nodes in self._verify_nodes, (
+                "init_verify_graph_state(max_bs, node_counts) first"
             )
             ws = alloc_decode_workspace(
                 bs * nodes,

@@ -3,7 +3,8 @@
 Capture: one static int64 input buffer `inputs` of `[5, max_bs]` (rows `input_ids`, `positions`,
 `out_cache_loc`, `req_pool_indices`, `seq_lens`: `kernels.decode_inputs.DECODE_INPUT_ROWS`); for
 each ladder size (largest first, all sharing one memory pool) the model's forward over views of
-those buffers is captured after a warm-up.
+those buffers is captured after a warm-up (graph_capture.py: the procedure and the pool, shared
+with the speculative verify graphs, verify_graphs.py).
 Replay: a batch assembled in place (its tensors are views of `inputs`, see `input_buffer`) is
 used as is, any other batch is copied in; the batch is padded up to the next captured size with
 lanes that write the padding slot 0 and attend over nothing (seq_len 0), and the graph is
@@ -27,6 +28,7 @@ import torch
 from radixlm.kernels.decode_inputs import DECODE_INPUT_ROWS
 from radixlm.runtime.attention.base import AttentionBackend
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
+from radixlm.runtime.executor.graph_capture import Capture, GraphCapture, Replayable
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +74,10 @@ class CudaGraphRunner:
         max_bs: int,
         device: torch.device,
         features: tuple[int, torch.dtype] | None = None,
+        capture: Capture | None = None,
     ) -> None:
+        """`capture`: the graph capture (and memory pool) to use, a new `GraphCapture` when None;
+        the verify graphs (verify_graphs.py) capture into the same one, `self.capture`."""
         self.model = model
         self.attn = attn
         self.device = device
@@ -85,7 +90,8 @@ class CudaGraphRunner:
         if features is not None:
             width, dtype = features
             self.features = torch.zeros(self.max_bs, width, dtype=dtype, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.capture: Capture = capture if capture is not None else GraphCapture(device)
+        self.graphs: dict[int, Replayable] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.batches: dict[int, ForwardBatch] = {}
         attn.init_graph_state(self.max_bs)
@@ -100,25 +106,15 @@ class CudaGraphRunner:
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
-        pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream(self.device)
         # NOTE: warm-up and capture lanes write slot 0 and read one token (seq_len 1) of row 0.
         self.seq_lens.fill_(1)
         for bs in reversed(self.sizes):
             batch = self._static_batch(bs)
             self.attn.prepare_capture(bs, batch)
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # compile Triton kernels, settle allocator and cuBLAS
-                    self.model(batch, self.attn)
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=stream):
-                out = self.model(batch, self.attn)
+            graph, out = self.capture.capture(lambda batch=batch: self.model(batch, self.attn))
             self.graphs[bs] = graph
             self.outputs[bs] = out
             self.batches[bs] = batch
-        torch.cuda.synchronize(self.device)
         self.seq_lens.zero_()
         logger.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
 

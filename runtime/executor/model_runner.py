@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import psutil
 import torch
@@ -32,12 +33,17 @@ from radixlm.runtime.distributed.sharding import local_config
 from radixlm.runtime.distributed.state import parallel_state
 from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.executor.forward_batch import ForwardBatch
+from radixlm.runtime.executor.graph_capture import Capture
 from radixlm.runtime.mem.kv_pool import KVPool, ReqToTokenPool
 from radixlm.runtime.models.fp8 import finish_fp8_checkpoint
 from radixlm.runtime.models.llama import Linear, LlamaForCausalLM
 from radixlm.runtime.models.loader import ModelSource
 from radixlm.runtime.models.registry import model_class
 from radixlm.runtime.server_args import ServerArgs
+from radixlm.runtime.speculative.setup import verify_graph_nodes
+
+if TYPE_CHECKING:
+    from radixlm.runtime.executor.verify_graphs import VerifyGraphRunner
 
 logger = logging.getLogger(__name__)
 
@@ -162,6 +168,10 @@ class ModelRunner:
             width = getattr(self.model, "graph_feature_dim", None)
             features = None if width is None else (width, self.dtype)
             self.graphs = CudaGraphRunner(self.model, self.attn, max_bs, self.device, features)
+        self.verify_graphs: VerifyGraphRunner | None = None
+        verify_nodes = verify_graph_nodes(args)
+        if self.graphs is not None and verify_nodes is not None:
+            self.capture_verify_graphs([verify_nodes])
         if self.device.type == "cuda":
             self._warm_extend()
 
@@ -303,12 +313,37 @@ class ModelRunner:
     # ---- forward -------------------------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """Final hidden states of the rows `batch.logits_indices` (all rows when None)."""
+        """Final hidden states of the rows `batch.logits_indices` (all rows when None): a decode
+        batch replays a decode CUDA graph and a verify batch (`tree_mask`) a verify graph where
+        one fits (executor/verify_graphs.py), anything else runs eager."""
         capturing = getattr(self.model, "capture", None) is not None
-        if self.graphs is not None and not capturing and self.graphs.can_run(batch):
+        if capturing:  # NOTE: a draft head's hidden-state capture: eager
+            pass
+        elif batch.tree_mask is not None:  # a speculative verify step: its graph, if one fits
+            if self.verify_graphs is not None and self.verify_graphs.can_run(batch):
+                return self.verify_graphs.replay(batch)
+        elif self.graphs is not None and self.graphs.can_run(batch):
             return self.graphs.replay(batch)
         self.attn.init_forward_metadata(batch)
         return self.model(batch, self.attn)
+
+    def capture_verify_graphs(
+        self, node_counts: Sequence[int], max_bs: int | None = None, capture: Capture | None = None
+    ) -> None:
+        """CUDA graphs for verify forwards of `node_counts` nodes per request, up to `max_bs`
+        requests (None: the decode graphs' bound), by `capture` (None: the decode graphs' own,
+        into their pool); `forward` then replays them. A no-op without decode graphs or
+        `capture`, or with a backend without verify graphs (`build_verify_graphs`). NOTE: at
+        TP > 1 only during construction (every rank captures alike there, nothing broadcast)."""
+        from radixlm.runtime.executor.verify_graphs import build_verify_graphs
+
+        self.verify_graphs = None  # NOTE: the old graphs' memory goes back to the pool first
+        self.verify_graphs = build_verify_graphs(self, node_counts, max_bs, capture)
+
+    @property
+    def verify_graph_replays(self) -> int:
+        """Verify forwards that replayed a CUDA graph so far."""
+        return 0 if self.verify_graphs is None else self.verify_graphs.replays
 
     def set_hidden_capture(self, layers: tuple[int, ...] | None) -> None:
         """Turn the target's hidden-state capture for a draft head on (`layers`: the model's

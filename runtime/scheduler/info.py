@@ -32,6 +32,8 @@ def new_stats() -> dict[str, Any]:
         "spec_verify_steps": 0,
         "spec_draft_tokens": 0,
         "spec_committed_tokens": 0,
+        # verify forwards that replayed a CUDA graph (executor/verify_graphs.py)
+        "spec_verify_graph_steps": 0,
         # Wall time of the loop iterations that ran a forward, by kind (an extend iteration
         # ends at its tokens' read-back; an overlapped decode iteration launches one step
         # and reads the previous one).

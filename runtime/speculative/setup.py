@@ -21,6 +21,23 @@ from radixlm.runtime.speculative.proposer import Proposer
 NGRAM_DEFAULT_BREADTH = 10  # SGLang's speculative_ngram_max_bfs_breadth
 
 
+def verify_graph_nodes(args: ServerArgs) -> int | None:
+    """N, the nodes per request of every verify step the proposer of `args` can produce (its
+    `num_nodes`), for the target's verify CUDA graphs (executor/verify_graphs.py); None when
+    speculation is off or the target runs a draft head's hidden-state capture (EAGLE / EAGLE3:
+    its forwards run eager)."""
+    algo = args.speculative_algorithm
+    nodes = None
+    if algo == "NGRAM":
+        nodes = args.speculative_num_draft_tokens or args.speculative_ngram_max_match_window_size
+    elif algo == "STANDALONE":
+        from radixlm.runtime.speculative.draft_setup import draft_shape
+
+        nodes = draft_shape(args).num_nodes
+    # NOTE: more than a tree can hold: none (`make_proposer` refuses the flag by name)
+    return nodes if nodes is not None and nodes <= MAX_TREE_NODES else None
+
+
 def make_proposer(args: ServerArgs, runner: Any) -> Proposer | None:
     """The proposer for `args.speculative_algorithm` (None when it is not set)."""
     algo = args.speculative_algorithm

@@ -13,7 +13,8 @@ Data flow of `run(batch)`:
     -> no request has a draft left, or the pool cannot hold the drafts' KV even after evicting:
        the plain decode step (step.py) and the one result path, one token each
     -> else one EXTEND forward over B x n rows with the tree mask (tree.verify_forward_batch;
-       n = the largest kept tree; on CPU one C++ decode call over the real nodes,
+       n = the largest kept tree; on GPU a verify CUDA graph's replay where one fits,
+       executor/verify_graphs.py; on CPU one C++ decode call over the real nodes,
        cpu_decode.CpuDecode.verify), every row's logits -> target_probs with each row's sampling
        state (penalties, min-new-tokens ban and grammar mask in the context of the node's path)
        -> accept_trees (greedy rows: the target's argmax path, on the host when the whole
@@ -197,7 +198,9 @@ class SpeculativeStep:
         layout = build_tree(parents, torch.tensor(prefix))
         rows = torch.tensor([r.req_pool_idx for r in reqs])
         fb = verify_forward_batch(tokens.view(-1).to(self.device), rows, prefix, loc, layout)
-        hidden = self.runner.forward(fb)
+        replays = self.runner.verify_graph_replays
+        hidden = self.runner.forward(fb)  # NOTE: a verify CUDA graph where one fits, else eager
+        self.stats["spec_verify_graph_steps"] += self.runner.verify_graph_replays - replays
         self.step.forward_ct += 1
         logits = self.runner.compute_logits(hidden)
         captured = self.proposer_hidden(hidden)

@@ -1,5 +1,6 @@
-"""`radixlm bench gpu --sections spec` (bench/gpu_spec.py) on CPU. The verify batch it times is a
-correct one (k + 1 rows of one request at consecutive positions, in its own req_to_token row):
+"""`radixlm bench gpu --sections spec` (bench/gpu_spec.py) on CPU. The verify batch it times (the
+speculative step's tree verify batch, a chain per request) is a correct one (k + 1 rows of one
+request at consecutive positions, in its own req_to_token row):
 checked on the default model (random tiny weights predict the same tokens whatever the context,
 so they cannot tell a wrong batch): its rows' logits are plain decode's, the target's greedy
 continuation as drafts is accepted whole, a wrong draft cuts the acceptance where it stands. The
@@ -47,6 +48,9 @@ def test_verify_rows_compute_what_plain_decode_does(bench):
     ]
     expected = torch.stack([plain[j][b] for b in range(2) for j in range(5)])
     torch.testing.assert_close(verify, expected, atol=1e-3, rtol=1e-3)
+    # the speculative step's own verify forward (the tree-mask batch the bench times)
+    tree = runner.compute_logits(runner.forward(bench.verify_batch(2, 4, bench.tokens)))
+    torch.testing.assert_close(tree, expected, atol=1e-3, rtol=1e-3)
     assert bench.predict(bench.rows_batch(2, 4, bench.tokens)) == [
         t for b in range(2) for t in bench.tokens[b][1:6]
     ]

@@ -81,9 +81,9 @@ def test_tp2_standalone_draft_matches_tp1(reference: dict[str, Any], tmp_path) -
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA devices"
 )
 def test_nccl_tp2_speculation(tmp_path) -> None:
-    """NGRAM and a STANDALONE draft at TP=2 over NCCL (the target's decode steps and the draft's
-    steps from CUDA graphs, verify steps eager as at TP=1) against TP=1 without speculation,
-    fp32."""
+    """NGRAM and a STANDALONE draft at TP=2 over NCCL (the target's decode and verify steps and
+    the draft's steps from CUDA graphs, every rank replaying the same verify graph) against TP=1
+    without speculation, fp32."""
     from radixlm.runtime.frontend.engine import Engine
 
     gpu = {**CONFIG, "device": "cuda"}
@@ -95,12 +95,14 @@ def test_nccl_tp2_speculation(tmp_path) -> None:
     got = run_spec_engine(gpu, speculative_algorithm="NGRAM")
     check_same(ref, got, 2)
     check_speculated(got)
+    assert got["info"]["spec_verify_graph_steps"] > 0
     save_llama(str(tmp_path), seed=5, hidden=32, layers=1, heads=2,
                vocab=resolve_model(None, "auto").config.vocab_size)  # fmt: skip
     got = run_spec_engine(gpu, speculative_algorithm="STANDALONE",
                           speculative_draft_model_path=str(tmp_path))  # fmt: skip
     check_same(ref, got, 2)
     check_speculated(got)
+    assert got["info"]["spec_verify_graph_steps"] > 0
 
 
 @pytest.fixture(scope="module")

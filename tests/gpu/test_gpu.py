@@ -1,7 +1,8 @@
 """GPU-only code on a CUDA device (skipped on CPU machines; the lead runs it on the H200 and
 records each run in docs/benchmarks.md): CUDA-graph capture and replay with padding against the
-eager path, the H2D/D2H transfer streams, and the decode-GEMM choice between cuBLAS and the Triton
-GEMV. Their device-free logic is tested on CPU in tests/runtime/test_gpu_logic_on_cpu.py."""
+eager path (decode, and the speculative verify step's graphs), the H2D/D2H transfer streams, and
+the decode-GEMM choice between cuBLAS and the Triton GEMV. Their device-free logic is tested on
+CPU in tests/runtime/test_gpu_logic_on_cpu.py and test_verify_graphs_on_cpu.py."""
 
 from __future__ import annotations
 
@@ -18,6 +19,11 @@ TINY = {"model_path": "tiny-llama", "load_format": "dummy", "skip_tokenizer_init
 
 
 def _greedy(batch: list[list[int]], **kwargs) -> list[list[int]]:
+    return _greedy_info(batch, **kwargs)[0]
+
+
+def _greedy_info(batch: list[list[int]], **kwargs) -> tuple[list[list[int]], dict]:
+    """Greedy outputs of `batch` (one call, batched) and the server info after it."""
     from radixlm.runtime.frontend.engine import Engine
 
     with Engine(**TINY, dtype="float32", random_seed=0, **kwargs) as eng:
@@ -26,7 +32,8 @@ def _greedy(batch: list[list[int]], **kwargs) -> list[list[int]]:
             input_ids=batch,
             sampling_params={"max_new_tokens": 24, "temperature": 0, "ignore_eos": True},
         )
-    return [o["output_ids"] for o in outs]
+        info = eng.get_server_info()
+    return [o["output_ids"] for o in outs], info
 
 
 @pytest.mark.parametrize("bs", [1, 3, 5])  # 3 and 5 replay the 4- and 8-graphs with padding
@@ -96,13 +103,21 @@ def test_first_batches_after_start_up_compile_nothing(tmp_path, monkeypatch):
     assert not new, f"compiled after start-up: {kernels}"
 
 
-@pytest.mark.parametrize("graphs", [True, False])
-def test_speculative_ngram_equals_plain(graphs):
+SPEC_BATCH = [[1, 5, 9, 5, 9, 5, 9, 5, 9], [1, 7, 7, 7, 7], [1, 2, 4], [1, 3, 3, 3, 3, 3, 8]]
+NGRAM = {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 6}
+
+
+@pytest.mark.parametrize("bs", [1, 4])
+def test_speculative_ngram_verify_graphs_equal_eager_and_plain(bs):
     """The speculative step on the device (verify forward with the Triton tree-mask attention,
-    acceptance and commit on device tensors): greedy tokens equal plain decoding's, with the
-    decode CUDA graphs on or off (the verify forward itself runs eager)."""
-    batch = [[1, 5, 9, 5, 9, 5, 9, 5, 9], [1, 7, 7, 7, 7], [1, 2, 4], [1, 3, 3, 3, 3, 3, 8]]
-    flags = {"cuda_graph_max_bs": 8} if graphs else {"disable_cuda_graph": True}
-    plain = _greedy(batch, **flags)
-    spec = _greedy(batch, speculative_algorithm="NGRAM", speculative_num_draft_tokens=6, **flags)
-    assert spec == plain
+    acceptance and commit on device tensors): greedy tokens equal plain decoding's with the
+    verify forwards replaying their CUDA graphs (executor/verify_graphs.py; batch 4 pads the
+    smaller batches left when requests finish, and trees cut short pad their nodes) and with
+    --disable-cuda-graph (eager verify)."""
+    batch = SPEC_BATCH[:bs]
+    plain = _greedy(batch, cuda_graph_max_bs=8)
+    graphs, info = _greedy_info(batch, cuda_graph_max_bs=8, **NGRAM)
+    eager, eager_info = _greedy_info(batch, disable_cuda_graph=True, **NGRAM)
+    assert graphs == eager == plain
+    assert info["spec_draft_tokens"] > 0 and info["spec_verify_graph_steps"] > 0
+    assert eager_info["spec_draft_tokens"] > 0 and eager_info["spec_verify_graph_steps"] == 0

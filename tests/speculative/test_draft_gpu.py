@@ -2,7 +2,9 @@
 the mercy of bf16 rounding: greedy outputs identical with speculation on and off through the
 minimal loop and through the real scheduler, with the draft steps replaying the draft runner's
 CUDA graphs (STANDALONE, and the heads' static feature input), and forced acceptance when the
-target drafts for itself."""
+target drafts for itself. The target's verify forwards replay its verify CUDA graphs
+(executor/verify_graphs.py): drafts of every quality in one batch (a scripted proposer) give the
+plain tokens with the verify graphs and with --disable-cuda-graph, at batch 1 and 5."""
 
 from __future__ import annotations
 
@@ -10,10 +12,18 @@ import pytest
 import torch
 from speculative.spec_loop import generate, greedy_reference
 from speculative.test_draft_scheduler import make_scheduler, run
-from speculative.test_spec_scheduler import ids_of
+from speculative.test_spec_scheduler import (
+    REQS,
+    Scripted,
+    every_draft,
+    gen,
+    ids_of,
+    run_all,
+)
 
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.models.loader import resolve_model
+from radixlm.runtime.scheduler.scheduler import Scheduler
 from radixlm.runtime.server_args import ServerArgs
 from radixlm.runtime.speculative.draft_setup import build_draft_proposer
 
@@ -71,3 +81,47 @@ def test_scheduler_on_gpu(paths, algo, draft, flags) -> None:
     replays = _count_replays(s.spec.proposer)
     assert ids_of(run(s)) == plain
     assert s.stats["spec_draft_tokens"] > 0 and replays[0] > 0
+
+
+def _verify_scheduler(graphs: bool, spec: bool) -> Scheduler:
+    """tiny-qwen2 on the device, fp32, the target built for NGRAM with 6 nodes (its verify
+    graphs: batch sizes 1..8 x 6 nodes) or --disable-cuda-graph; `spec`: speculation on."""
+    flags = {"cuda_graph_max_bs": 8} if graphs else {"disable_cuda_graph": True}
+    args = ServerArgs(
+        model_path="tiny-qwen2", load_format="dummy", device="cuda", dtype="float32",
+        skip_tokenizer_init=True, random_seed=0, max_total_tokens=2048, max_running_requests=8,
+        speculative_algorithm="NGRAM", speculative_num_draft_tokens=6, **flags,
+    )  # fmt: skip
+    runner = ModelRunner(args, resolve_model("tiny-qwen2", "dummy"))
+    assert (runner.verify_graphs is not None) == graphs
+    if graphs:
+        assert runner.verify_graphs.captured == [(b, 6) for b in (1, 2, 4, 8)]
+    return Scheduler(args if spec else args.replace(speculative_algorithm=None), runner)
+
+
+@pytest.mark.parametrize("rids", [["r2"], ["r0", "r1", "r2", "r3", "r4"]], ids=["bs1", "bs5"])
+def test_verify_graphs_give_the_plain_tokens(rids) -> None:
+    """Scripted drafts that err at depth 0, 1, 3 and never (r4: its own script, never wrong):
+    acceptance differs per request; the batch of 5 replays the 8-graph, then smaller ones with
+    padding as requests finish, and trees cut short near max_new_tokens pad their nodes."""
+    reqs = [r for r in REQS if r[0] in rids]
+    s = _verify_scheduler(graphs=True, spec=False)
+    for rid, ids, max_new in reqs:
+        s.handle(gen(rid, ids, max_new_tokens=max_new))
+    plain = ids_of(run_all(s))
+    misses = {"r0": 0, "r1": 1, "r2": 3, "r3": 99}
+    for graphs in (True, False):
+        s = _verify_scheduler(graphs, spec=True)
+        every_draft(s)
+        s.spec.proposer = Scripted(plain, 6, misses)
+        for rid, ids, max_new in reqs:
+            s.handle(gen(rid, ids, max_new_tokens=max_new))
+        outs = run_all(s)
+        assert ids_of(outs) == plain, f"graphs={graphs}"
+        steps = s.stats["spec_verify_graph_steps"]
+        assert s.stats["spec_draft_tokens"] > 0
+        assert steps == s.spec.runner.verify_graph_replays
+        assert (steps > 0) if graphs else (steps == 0)
+        if len(rids) > 1:
+            accept = {rid: o.spec_committed / o.spec_verify_ct for rid, o in outs.items()}
+            assert accept["r0"] == 1.0 < accept["r1"] < accept["r2"] < accept["r3"]

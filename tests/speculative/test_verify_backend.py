@@ -130,7 +130,7 @@ def test_triton_verify_graph_workspace_equals_eager() -> None:
     pool, table, batch, qkv = _setup(torch.float32, parents, [40, 3], seed=6)
     backend = _backend("triton", pool, table)
     eager = [_run(backend, batch, qkv, layer) for layer in range(len(LAYERS))]
-    backend.init_verify_graph_state(4, 8)
+    backend.init_verify_graph_state(4, [8])
     backend._verify_buffer.fill_(float("nan"))
     static = dataclasses.replace(batch, attn_metadata=None)
     backend.prepare_capture(2, static)
