@@ -43,6 +43,7 @@ from radixlm.runtime.attention.base import AttentionBackend
 from radixlm.runtime.executor.cuda_graph_runner import batch_size_ladder
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.executor.graph_capture import Capture, Replayable
+from radixlm.runtime.speculative.tree import mask_words
 
 logger = logging.getLogger(__name__)
 
@@ -50,11 +51,6 @@ logger = logging.getLogger(__name__)
 # order of the static buffers' rows.
 VERIFY_NODE_INPUTS = ("input_ids", "positions", "out_cache_loc")
 VERIFY_REQ_INPUTS = ("req_pool_indices", "extend_prefix_lens", "seq_lens")
-
-
-def mask_words(nodes: int) -> int:
-    """int32 words per row of a packed tree mask of `nodes` nodes (as tree.mask_words)."""
-    return -(-nodes // 32)
 
 
 def verify_batch_sizes(max_bs: int, nodes: int, max_rows: int | None = None) -> list[int]:
