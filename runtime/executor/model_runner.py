@@ -170,7 +170,11 @@ class ModelRunner:
             self.graphs = CudaGraphRunner(self.model, self.attn, max_bs, self.device, features)
         self.verify_graphs: VerifyGraphRunner | None = None
         verify_nodes = verify_graph_nodes(args)
-        if self.graphs is not None and verify_nodes is not None:
+        if (
+            self.graphs is not None
+            and verify_nodes is not None
+            and args.speculative_verify_cuda_graph
+        ):
             self.capture_verify_graphs([verify_nodes])
         if self.device.type == "cuda":
             self._warm_extend()

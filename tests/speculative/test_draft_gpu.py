@@ -86,7 +86,11 @@ def test_scheduler_on_gpu(paths, algo, draft, flags) -> None:
 def _verify_scheduler(graphs: bool, spec: bool) -> Scheduler:
     """tiny-qwen2 on the device, fp32, the target built for NGRAM with 6 nodes (its verify
     graphs: batch sizes 1..8 x 6 nodes) or --disable-cuda-graph; `spec`: speculation on."""
-    flags = {"cuda_graph_max_bs": 8} if graphs else {"disable_cuda_graph": True}
+    flags = (
+        {"cuda_graph_max_bs": 8, "speculative_verify_cuda_graph": True}
+        if graphs
+        else {"disable_cuda_graph": True}
+    )
     args = ServerArgs(
         model_path="tiny-qwen2", load_format="dummy", device="cuda", dtype="float32",
         skip_tokenizer_init=True, random_seed=0, max_total_tokens=2048, max_running_requests=8,
