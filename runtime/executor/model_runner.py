@@ -40,7 +40,7 @@ from radixlm.runtime.models.llama import Linear, LlamaForCausalLM
 from radixlm.runtime.models.loader import ModelSource
 from radixlm.runtime.models.registry import model_class
 from radixlm.runtime.server_args import ServerArgs
-from radixlm.runtime.speculative.setup import verify_graph_nodes
+from radixlm.runtime.speculative.shapes import verify_graph_nodes
 
 if TYPE_CHECKING:
     from radixlm.runtime.executor.verify_graphs import VerifyGraphRunner

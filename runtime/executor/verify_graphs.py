@@ -6,7 +6,7 @@ A verify batch (runtime/speculative/tree.py `verify_forward_batch`: B requests x
 i * n + j = node j of request i, `tree_mask` set, every row's output) replays the graph of
 (size, nodes) = (the smallest captured batch size >= B, the smallest captured node count >= n)
 (`VerifyGraphRunner.key`); above the largest of either it runs eager. The server captures one
-node count, its proposer's N (`speculative.setup.verify_graph_nodes`: NGRAM's
+node count, its proposer's N (`speculative.shapes.verify_graph_nodes`: NGRAM's
 `num_draft_tokens`, a draft model's tree size) and the batch sizes of decode's ladder up to the
 decode graphs' bound (`cuda_graph_max_bs`, the running requests), optionally cut to
 `size x nodes <= max_rows`; `radixlm bench gpu --sections spec` captures one per k.

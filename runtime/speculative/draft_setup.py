@@ -41,21 +41,14 @@ from radixlm.runtime.models.default_model import ModelNotFoundError
 from radixlm.runtime.models.loader import resolve_model
 from radixlm.runtime.models.registry import UnsupportedModelError
 from radixlm.runtime.speculative.draft_memory import DRAFT_ALGORITHMS
-from radixlm.runtime.speculative.draft_tree import DraftShape
 from radixlm.runtime.speculative.draft_worker import DraftModelProposer
+from radixlm.runtime.speculative.shapes import draft_shape
 
 if TYPE_CHECKING:
     from radixlm.runtime.executor.model_runner import ModelRunner
     from radixlm.runtime.server_args import ServerArgs
 
 HEAD_ARCHITECTURES = {"EAGLE": "LlamaForCausalLMEagle", "EAGLE3": "LlamaForCausalLMEagle3"}
-DEFAULT_NUM_STEPS = 3
-
-
-def draft_shape(args: ServerArgs) -> DraftShape:
-    """The tree flags with their defaults: 3 steps, topk 1 (a chain), every chain node."""
-    steps = args.speculative_num_steps or DEFAULT_NUM_STEPS
-    return DraftShape.of(steps, args.speculative_eagle_topk or 1, args.speculative_num_draft_tokens)
 
 
 def build_draft_proposer(args: ServerArgs, target: ModelRunner) -> DraftModelProposer:

@@ -6,7 +6,7 @@ once, at start-up, with the target's `ModelRunner` (a draft model or an EAGLE he
 device, dtype, config and, for EAGLE, its embedding and LM head). Defaults follow SGLang's for
 NGRAM: `num_draft_tokens` = the max match window (12), breadth (`--speculative-eagle-topk`) 10
 (on CPU with the cost-aware gate, the first candidate's chain takes the budget first, ngram.py);
-STANDALONE / EAGLE / EAGLE3: draft_setup.py (3 steps, topk 1, every node of the chain).
+STANDALONE / EAGLE / EAGLE3: shapes.py (3 steps, topk 1, every node of the chain).
 """
 
 from __future__ import annotations
@@ -19,23 +19,6 @@ from radixlm.runtime.server_args import ServerArgs
 from radixlm.runtime.speculative.proposer import Proposer
 
 NGRAM_DEFAULT_BREADTH = 10  # SGLang's speculative_ngram_max_bfs_breadth
-
-
-def verify_graph_nodes(args: ServerArgs) -> int | None:
-    """N, the nodes per request of every verify step the proposer of `args` can produce (its
-    `num_nodes`), for the target's verify CUDA graphs (executor/verify_graphs.py); None when
-    speculation is off or the target runs a draft head's hidden-state capture (EAGLE / EAGLE3:
-    its forwards run eager)."""
-    algo = args.speculative_algorithm
-    nodes = None
-    if algo == "NGRAM":
-        nodes = args.speculative_num_draft_tokens or args.speculative_ngram_max_match_window_size
-    elif algo == "STANDALONE":
-        from radixlm.runtime.speculative.draft_setup import draft_shape
-
-        nodes = draft_shape(args).num_nodes
-    # NOTE: more than a tree can hold: none (`make_proposer` refuses the flag by name)
-    return nodes if nodes is not None and nodes <= MAX_TREE_NODES else None
 
 
 def make_proposer(args: ServerArgs, runner: Any) -> Proposer | None:
@@ -61,7 +44,8 @@ def make_proposer(args: ServerArgs, runner: Any) -> Proposer | None:
             breadth=args.speculative_eagle_topk or NGRAM_DEFAULT_BREADTH,
             reserve_alternates=not cpu or args.speculative_verify_all,
         )
-    from radixlm.runtime.speculative.draft_setup import build_draft_proposer, draft_shape
+    from radixlm.runtime.speculative.draft_setup import build_draft_proposer
+    from radixlm.runtime.speculative.shapes import draft_shape
 
     if draft_shape(args).num_nodes > MAX_TREE_NODES:
         raise InvalidRequestError(

@@ -29,7 +29,8 @@ from radixlm.runtime.executor.verify_graphs import (
 )
 from radixlm.runtime.models.loader import resolve_model
 from radixlm.runtime.server_args import ServerArgs
-from radixlm.runtime.speculative.setup import make_proposer, verify_graph_nodes
+from radixlm.runtime.speculative.setup import make_proposer
+from radixlm.runtime.speculative.shapes import verify_graph_nodes
 from radixlm.runtime.speculative.tree import alloc_draft_slots, build_tree, verify_forward_batch
 
 # NOTE: on CPU the triton backend runs in the interpreter (tests/conftest.py sets it)
