@@ -84,6 +84,7 @@ _ANNOTATIONS = frozenset(
 _MAPS = ("properties", "$defs", "definitions")
 _LISTS = ("anyOf", "allOf", "oneOf", "prefixItems")
 _ONE = ("items", "additionalProperties")
+_FORMATS = ", ".join(OWN_FORMATS)
 _UNESCAPED = r'[^"\\\x00-\x1f]'  # a character a JSON string holds as itself
 _HEX_ESCAPE = re.compile(r"\\x([0-9a-f]{2})")
 
@@ -126,9 +127,9 @@ def unsupported_keywords(schema: Any) -> list[tuple[str, str]]:
             elif key == "allOf" and isinstance(sub, list) and len(sub) > 1:
                 found.append((key, here))  # NOTE: XGrammar keeps the first member only
             elif key == "$ref" and not (isinstance(sub, str) and sub.startswith("#")):
-                found.append((f"$ref {sub!r}", here))
+                found.append((key, f"{here} (remote {sub!r}; only '#...' refs)"))
             elif key == "format" and sub not in OWN_FORMATS:
-                found.append((f"format {sub!r}", here))
+                found.append((key, f"{here} (format {sub!r}; supported: {_FORMATS})"))
             if key in _MAPS and isinstance(sub, dict):
                 for name, child in sub.items():
                     walk(child, f"{here}/{_escape(name)}")
@@ -160,6 +161,8 @@ def _strings(node: Any, ptr: str = "") -> Any:
             out[key] = _strings(sub, f"{ptr}/{_escape(key)}")
         else:
             out[key] = sub
+    if "enum" in out or "const" in out:
+        return _values(out, ptr)
     lengths = [k for k in ("minLength", "maxLength") if k in out]
     pattern = out.get("pattern")
     if isinstance(pattern, str) and lengths:
@@ -181,6 +184,33 @@ def _strings(node: Any, ptr: str = "") -> Any:
         bound = f"{{{low},{'' if high is None else int(high)}}}"
         out["pattern"] = "^" + xgrammar_regex(_UNESCAPED + bound) + "$"
     return out
+
+
+_LOCAL = ("type", "minLength", "maxLength", "pattern", "minimum", "maximum", "exclusiveMinimum",
+          "exclusiveMaximum", "minItems", "maxItems", "format")  # fmt: skip
+
+
+def _values(node: dict, ptr: str) -> dict:
+    """An `enum` / `const` node as the enum of its values that also satisfy the node's own other
+    keywords. NOTE: XGrammar generates the listed values alone (`{"minimum": 5, "const": 1}`
+    would give 1)."""
+    import jsonschema
+
+    key = "const" if "const" in node else "enum"
+    values = [node["const"]] if key == "const" else node["enum"]
+    if not isinstance(values, list):
+        raise GrammarError(f"'enum' at {ptr or '/'} must be a list", "json_schema")
+    rest = {k: v for k, v in node.items() if k in _LOCAL}
+    if "const" in node and "enum" in node:
+        rest["enum"] = node["enum"]
+    kept = [v for v in values if jsonschema.Draft202012Validator(rest).is_valid(v)]
+    if not kept:
+        raise GrammarError(
+            f"unsatisfiable JSON Schema: no value of {key!r} at {ptr}/{key} satisfies the "
+            "other keywords of its schema",
+            "json_schema",
+        )
+    return {"enum": kept}
 
 
 def _parse_schema(text: str) -> Any:
