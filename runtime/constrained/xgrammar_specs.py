@@ -27,6 +27,7 @@ from radixlm.runtime.constrained.base import GrammarSpec
 from radixlm.runtime.constrained.json_schema import OWN_FORMATS
 from radixlm.runtime.constrained.llguidance_specs import close_objects
 from radixlm.runtime.constrained.regex_python import translate
+from radixlm.runtime.constrained.xgrammar_ebnf import valid_utf8
 from radixlm.runtime.errors import GrammarError
 
 MAX_PATTERN_CHARS = 100_000
@@ -34,52 +35,17 @@ MAX_CHOICES = 4096
 
 # Keywords XGrammar's converter enforces (checked by the walks of tests/constrained with
 # jsonschema as the oracle), and keywords that constrain nothing (annotations).
-_ENFORCED = frozenset(
-    [
-        "type",
-        "properties",
-        "required",
-        "additionalProperties",
-        "items",
-        "prefixItems",
-        "minItems",
-        "maxItems",
-        "enum",
-        "const",
-        "anyOf",
-        "allOf",
-        "oneOf",
-        "$ref",
-        "$defs",
-        "definitions",
-        "pattern",
-        "minLength",
-        "maxLength",
-        "minimum",
-        "maximum",
-        "exclusiveMinimum",
-        "exclusiveMaximum",
-        "format",
-    ]
-)
-_ANNOTATIONS = frozenset(
-    [
-        "title",
-        "description",
-        "default",
-        "examples",
-        "$schema",
-        "$id",
-        "$comment",
-        "deprecated",
-        "readOnly",
-        "writeOnly",
-        "$anchor",
-        "contentMediaType",
-        "contentEncoding",
-        "markdownDescription",
-    ]
-)
+_ENFORCED = frozenset((
+    "type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems",
+    "maxItems", "enum", "const", "anyOf", "allOf", "oneOf", "$ref", "$defs", "definitions",
+    "pattern", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum",
+    "exclusiveMaximum", "format",
+))  # fmt: skip
+_ANNOTATIONS = frozenset((
+    "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
+    "readOnly", "writeOnly", "$anchor", "contentMediaType", "contentEncoding",
+    "markdownDescription",
+))  # fmt: skip
 # Where a schema keyword holds subschemas (name -> schema maps; lists; one schema).
 _MAPS = ("properties", "$defs", "definitions")
 _LISTS = ("anyOf", "allOf", "oneOf", "prefixItems")
@@ -256,69 +222,6 @@ def _ebnf_literal(text: str) -> str:
     return '"' + "".join(out) + '"'
 
 
-def exclude_surrogates(ebnf: str) -> str:
-    """The grammar text with U+D800-U+DFFF taken out of every negated character class.
-    NOTE: XGrammar's `[^...]` (its JSON string rule, `.`) admits the UTF-8 encodings of surrogate
-    code points (`\\xed\\xb9\\x8b`): bytes that are not UTF-8, which no output may hold."""
-    out: list[str] = []
-    i, n, quoted, in_class = 0, len(ebnf), False, False
-    while i < n:
-        ch = ebnf[i]
-        if ch == "\\" and (quoted or in_class):
-            out.append(ebnf[i : i + 2])
-            i += 2
-            continue
-        if quoted:
-            quoted = ch != '"'
-        elif in_class:
-            in_class = ch != "]"
-        elif ch == '"':
-            quoted = True
-        elif ch == "[":
-            in_class = True
-            if ebnf.startswith("[^", i):
-                out.append("[^\\ud800-\\udfff")
-                i += 2
-                continue
-        out.append(ch)
-        i += 1
-    return "".join(out)
-
-
-_LAZY_REGEX = re.compile(r'^(\w+) ::= Regex\("((?:\\.|[^"\\])*)", json_string=true\)$', re.M)
-_EBNF_PIECE = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|\b(root(?:_\d+)*)\b')
-
-
-def _inline_regexes(ebnf: str) -> str:
-    """XGrammar's JSON converter leaves some string `pattern`s as lazy `Regex(..., json_string=
-    true)` rules, whose automaton lets overlong UTF-8 through (`\\xe0\\x95`). Our patterns are
-    already regexes of the JSON text (`_strings`): each such rule becomes the EBNF XGrammar
-    builds from that regex, its rules renamed into the rule's own namespace."""
-
-    def inline(match: re.Match[str]) -> str:
-        name = match.group(1)
-        body = match.group(2).encode("latin-1", "backslashreplace").decode("unicode_escape")
-        body = body.removeprefix("^").removesuffix("$")
-        sub = str(xgr_grammar().from_regex(body))
-        renamed = _EBNF_PIECE.sub(
-            lambda m: f"{name}_rx{m.group(1)[4:]}" if m.group(1) else m.group(0), sub
-        )
-        return f"{name} ::= (({name}_rx))\n{renamed.strip()}"
-
-    return _LAZY_REGEX.sub(inline, ebnf)
-
-
-def xgr_grammar() -> Any:
-    import xgrammar as xgr
-
-    return xgr.Grammar
-
-
-def _valid_utf8(grammar: Any) -> Any:
-    text = exclude_surrogates(_inline_regexes(str(grammar)))
-    return xgr_grammar().from_ebnf(text, root_rule_name="root")
-
-
 def xgrammar_regex(pattern: str) -> str:
     """`pattern` (Python `re` syntax) in the syntax XGrammar reads the same way."""
     return _HEX_ESCAPE.sub(r"\\u00\1", translate(pattern))
@@ -337,7 +240,7 @@ def spec_to_xgrammar(spec: GrammarSpec, whitespace_pattern: str | None = None) -
             assert isinstance(value, str)
             if len(value) > MAX_PATTERN_CHARS:
                 raise GrammarError(f"regex is longer than {MAX_PATTERN_CHARS} characters", kind)
-            return _valid_utf8(xgr.Grammar.from_regex(xgrammar_regex(value)))
+            return valid_utf8(xgr.Grammar.from_regex(xgrammar_regex(value)))
         if kind == "json_schema":
             assert isinstance(value, str)
             schema = _parse_schema(value)
@@ -352,7 +255,7 @@ def spec_to_xgrammar(spec: GrammarSpec, whitespace_pattern: str | None = None) -
                     kind,
                 )
             text = json.dumps(_strings(close_objects(schema)))
-            return _valid_utf8(
+            return valid_utf8(
                 xgr.Grammar.from_json_schema(
                     text, strict_mode=True, **_json_options(whitespace_pattern)
                 )
@@ -370,8 +273,8 @@ def spec_to_xgrammar(spec: GrammarSpec, whitespace_pattern: str | None = None) -
         if kind == "ebnf":
             assert isinstance(value, str)
             if "::=" in value:
-                return _valid_utf8(xgr.Grammar.from_ebnf(value, root_rule_name="root"))
-            return _valid_utf8(xgr.Grammar.from_lark(value))
+                return valid_utf8(xgr.Grammar.from_ebnf(value, root_rule_name="root"))
+            return valid_utf8(xgr.Grammar.from_lark(value))
     except GrammarError:
         raise
     except (RuntimeError, ValueError, TypeError) as exc:
