@@ -43,3 +43,28 @@ def apply_bitmask_cpu(
             bits = np.unpackbits(words[i, full : full + 1], bitorder="little", count=width % 8)
             row[full * 8 : width] += _ADD.take(bits)
         row[width:] = -np.inf
+
+
+def masked_argmax_cpu(
+    logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`[B]` int64: each row's argmax after `apply_bitmask_cpu`, masking only the rows whose plain
+    argmax the mask refuses (those rows of `logits` are masked in place; the others untouched).
+
+    NOTE: exact, ties included: where the first maximum of a row is allowed, it is also the first
+    maximum of the masked row (an earlier allowed maximum would have been the first one).
+    Grammars mostly allow the model's own choice, so most steps skip the mask (~25 us a row)."""
+    ids = logits.argmax(dim=-1)
+    picked = ids.tolist()
+    words = bitmask.numpy().view(np.uint32)
+    width = min(logits.shape[1], words.shape[1] * 32)
+    refused = [
+        i
+        for i in (range(logits.shape[0]) if rows is None else rows.tolist())
+        if picked[i] >= width or not (int(words[i, picked[i] >> 5]) >> (picked[i] & 31)) & 1
+    ]
+    if refused:
+        again = torch.tensor(refused, dtype=torch.int64)
+        apply_bitmask_cpu(logits, bitmask, again)
+        ids[again] = logits[again].argmax(dim=-1)
+    return ids
