@@ -54,17 +54,17 @@ def masked_argmax_cpu(
     NOTE: exact, ties included: where the first maximum of a row is allowed, it is also the first
     maximum of the masked row (an earlier allowed maximum would have been the first one).
     Grammars mostly allow the model's own choice, so most steps skip the mask (~25 us a row)."""
-    ids = logits.argmax(dim=-1)
-    picked = ids.tolist()
+    lg = logits.numpy()
+    ids = lg.argmax(axis=-1)  # NOTE: numpy's argmax: the first maximum, as torch's
     words = bitmask.numpy().view(np.uint32)
-    width = min(logits.shape[1], words.shape[1] * 32)
+    width = min(lg.shape[1], words.shape[1] * 32)
     refused = [
         i
-        for i in (range(logits.shape[0]) if rows is None else rows.tolist())
-        if picked[i] >= width or not (int(words[i, picked[i] >> 5]) >> (picked[i] & 31)) & 1
+        for i in (range(lg.shape[0]) if rows is None else rows.tolist())
+        if ids[i] >= width or not (int(words[i, ids[i] >> 5]) >> int(ids[i] & 31)) & 1
     ]
     if refused:
-        again = torch.tensor(refused, dtype=torch.int64)
-        apply_bitmask_cpu(logits, bitmask, again)
-        ids[again] = logits[again].argmax(dim=-1)
-    return ids
+        apply_bitmask_cpu(logits, bitmask, torch.tensor(refused))
+        for i in refused:  # NOTE: row by row: `lg[refused]` would copy the rows first
+            ids[i] = lg[i].argmax()
+    return torch.from_numpy(ids)

@@ -94,6 +94,10 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
         from radixlm.kernels.argmax import argmax_rows
 
         return argmax_rows(x)
+    if x.dtype == torch.float32 and x.dim() == 2 and x.is_contiguous():
+        # NOTE: numpy's row argmax is ~14x faster than torch's on one CPU thread (48 vs 680 us
+        # for [16, 49152]); the same first maximum.
+        return torch.from_numpy(x.numpy().argmax(axis=-1))
     return x.argmax(dim=-1)
 
 
