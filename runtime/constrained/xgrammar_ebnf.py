@@ -13,10 +13,14 @@ import re
 from typing import Any
 
 
-def exclude_surrogates(ebnf: str) -> str:
-    """The grammar text with U+D800-U+DFFF taken out of every negated character class.
+def exclude_surrogates(ebnf: str, json_controls: bool = False) -> str:
+    """The grammar text with U+D800-U+DFFF taken out of every negated character class, and with
+    `json_controls` U+0000-U+001F out of every negated class that excludes `"` (the characters
+    of a JSON string).
     NOTE: XGrammar's `[^...]` (its JSON string rule, `.`) admits the UTF-8 encodings of surrogate
-    code points (`\\xed\\xb9\\x8b`): bytes that are not UTF-8, which no output may hold."""
+    code points (`\\xed\\xb9\\x8b`): bytes that are not UTF-8, which no output may hold; and
+    its length-bounded JSON string (`[^\\"\\\\\\r\\n]{0,n}`) admits raw control characters,
+    which JSON does not."""
     out: list[str] = []
     i, n, quoted, in_class = 0, len(ebnf), False, False
     while i < n:
@@ -34,7 +38,9 @@ def exclude_surrogates(ebnf: str) -> str:
         elif ch == "[":
             in_class = True
             if ebnf.startswith("[^", i):
-                out.append("[^\\ud800-\\udfff")
+                body = _CLASS_BODY.match(ebnf, i + 2)
+                quote = json_controls and body is not None and '\\"' in body.group(0)
+                out.append("[^\\ud800-\\udfff" + ("\\0-\\x1f" if quote else ""))
                 i += 2
                 continue
         out.append(ch)
@@ -42,6 +48,7 @@ def exclude_surrogates(ebnf: str) -> str:
     return "".join(out)
 
 
+_CLASS_BODY = re.compile(r"(?:\\.|[^\]\\])*")
 _LAZY_REGEX = re.compile(r'^(\w+) ::= Regex\("((?:\\.|[^"\\])*)", json_string=true\)$', re.M)
 _EBNF_PIECE = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|\b(root(?:_\d+)*)\b')
 
@@ -72,6 +79,7 @@ def xgr_grammar() -> Any:
     return xgr.Grammar
 
 
-def valid_utf8(grammar: Any) -> Any:
-    text = exclude_surrogates(inline_regexes(str(grammar)))
+def valid_utf8(grammar: Any, json: bool = False) -> Any:
+    """`grammar` rewritten (see the module docstring); `json`: a JSON-schema grammar."""
+    text = exclude_surrogates(inline_regexes(str(grammar)), json_controls=json)
     return xgr_grammar().from_ebnf(text, root_rule_name="root")
