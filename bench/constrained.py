@@ -11,7 +11,7 @@ Sections (`--sections`, each prints a table; `--json PATH` writes everything, af
   interleaved run by run, best of `--repeats`; then the time per decode step unconstrained vs
   constrained (a mask on every row every step) at batch 1 and 16, measured as
   (time(N tokens) - time(1 token)) / decode steps.
-- backends: outlines vs llguidance over one corpus (workloads + SchemaStore + grammars):
+- backends: outlines vs llguidance vs xgrammar over one corpus (workloads + SchemaStore + grammars):
   coverage, compile p50/p99 cold and cached, mask p50/p99, walk validity, TPOT overhead at
   batch 16 (constrained_backends.py).
 Every constrained output is checked (regex full match / jsonschema).
@@ -308,6 +308,11 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="the engines' constrained_json_whitespace_pattern (default: outlines' `[ ]?`)",
     )
+    parser.add_argument(
+        "--grammar-backends",
+        default="outlines,llguidance,xgrammar",
+        help="the backends section's columns",
+    )
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args(argv)
     n = 4 if args.quick else args.num_prompts
@@ -323,8 +328,10 @@ def main(argv: list[str] | None = None) -> int:
     runs = {
         "compile": lambda: bench_compile(repeats=3 if args.quick else 10),
         "masks": lambda: bench_masks(steps=30 if args.quick else 120),
-        # outlines vs llguidance over one corpus (constrained_backends.py)
-        "backends": lambda: bench_backends(args.quick, args.tpot_tokens),
+        # outlines vs llguidance vs xgrammar over one corpus (constrained_backends.py)
+        "backends": lambda: bench_backends(
+            args.quick, args.tpot_tokens, backends=tuple(args.grammar_backends.split(","))
+        ),
     }
     failed = False
     for name, run in runs.items():

@@ -1,5 +1,5 @@
-"""`radixlm bench constrained --sections backends`: the two grammar backends (outlines,
-llguidance) side by side in one run, over one corpus: the bench workloads, the SchemaStore
+"""`radixlm bench constrained --sections backends`: the grammar backends (outlines,
+llguidance, xgrammar) side by side in one run, over one corpus: the bench workloads, the SchemaStore
 schemas vendored in `check-jsonschema`, and the grammars of grammar_corpus.py (ebnf).
 
 Per backend: coverage (compiled / rejected with a GrammarError / timed out / crashed), compile
@@ -30,7 +30,7 @@ from radixlm.bench import constrained_workloads as W
 from radixlm.bench.constrained_tpot import bench_tpot
 from radixlm.bench.grammar_corpus import GRAMMARS
 
-BACKENDS = ("outlines", "llguidance")
+BACKENDS = ("outlines", "llguidance", "xgrammar")
 VOCAB = 49152
 
 
@@ -65,6 +65,11 @@ def make_compiler(backend: str) -> Any:
 
         compiler: Any = LLGuidanceCompiler(tok, VOCAB, (tok.eos_token_id,))
         _ = compiler.lltokenizer  # built once per process, not per grammar
+    elif backend == "xgrammar":
+        from radixlm.runtime.constrained.xgrammar_backend import XGrammarCompiler
+
+        compiler = XGrammarCompiler(tok, VOCAB, (tok.eos_token_id,))
+        _ = compiler.xgrammar_compiler  # its TokenizerInfo: built once per process
     else:
         from radixlm.runtime.constrained.outlines_backend import OutlinesCompiler
 
@@ -191,11 +196,15 @@ def _pcts(values: list[float], scale: float) -> dict[str, float]:
 
 
 def bench_backends(
-    quick: bool, tpot_tokens: int, batch: int = 16, compile_timeout: float = 10.0
+    quick: bool,
+    tpot_tokens: int,
+    batch: int = 16,
+    compile_timeout: float = 10.0,
+    backends: tuple[str, ...] = BACKENDS,
 ) -> dict[str, Any]:
     items = corpus(64 if quick else None)
     out: dict[str, Any] = {"corpus_size": len(items)}
-    for backend in BACKENDS:
+    for backend in backends:
         res = bench_backend(
             backend, items, compile_timeout, 1 if quick else 3, 60 if quick else 300
         )
@@ -222,7 +231,7 @@ def print_backends(r: dict[str, Any]) -> None:
         ("TPOT overhead at batch 16", lambda b: _overhead(b.get("tpot"))),
     ]  # fmt: skip
     print(f"\n== grammar backends ({r['corpus_size']} specs) ==")
-    print(f"{'':42s}" + "".join(f"{b:>24s}" for b in BACKENDS))
+    print(f"{'':42s}" + "".join(f"{b:>24s}" for b in BACKENDS if b in r))
     for label, fmt in rows:
         print(f"{label:42s}" + "".join(f"{fmt(r[b]):>24s}" for b in BACKENDS if b in r))
 

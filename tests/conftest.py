@@ -66,6 +66,12 @@ def outlines_engine() -> Any:
 
 
 @pytest.fixture(scope="session")
+def xgrammar_engine() -> Any:
+    """The default engine on the XGrammar grammar backend (`grammar_backend="xgrammar"`)."""
+    return get_engine(grammar_backend="xgrammar")
+
+
+@pytest.fixture(scope="session")
 def hf_reference() -> Any:
     """transformers' LlamaForCausalLM holding exactly the default model's (de-quantized) weights."""
     from radixlm.runtime.models.hf_reference import HFReference

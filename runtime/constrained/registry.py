@@ -9,3 +9,4 @@ from radixlm.runtime.registry import Registry
 GRAMMAR_BACKENDS: Registry = Registry("grammar backend")
 GRAMMAR_BACKENDS.register("outlines", "radixlm.runtime.constrained.setup:outlines_compiler")
 GRAMMAR_BACKENDS.register("llguidance", "radixlm.runtime.constrained.setup:llguidance_compiler")
+GRAMMAR_BACKENDS.register("xgrammar", "radixlm.runtime.constrained.setup:xgrammar_compiler")

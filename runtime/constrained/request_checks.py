@@ -50,6 +50,11 @@ def _check_spec(spec: GrammarSpec, backend: str, whitespace: str | None) -> None
 
         check_spec_llguidance(spec, whitespace)
         return
+    if backend == "xgrammar":
+        from radixlm.runtime.constrained.xgrammar_specs import check_spec_xgrammar
+
+        check_spec_xgrammar(spec, whitespace)
+        return
     from radixlm.runtime.constrained.patterns import check_spec
     from radixlm.runtime.constrained.regex_guard import check_regex_size, check_schema_patterns
 

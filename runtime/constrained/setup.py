@@ -46,3 +46,11 @@ def llguidance_compiler(
     return LLGuidanceCompiler(
         tokenizer, vocab_size, eos_ids, whitespace_pattern=args.constrained_json_whitespace_pattern
     )
+
+
+def xgrammar_compiler(args: Any, tokenizer: Any, vocab_size: int, eos_ids: tuple[int, ...]) -> Any:
+    from radixlm.runtime.constrained.xgrammar_backend import XGrammarCompiler
+
+    return XGrammarCompiler(
+        tokenizer, vocab_size, eos_ids, whitespace_pattern=args.constrained_json_whitespace_pattern
+    )

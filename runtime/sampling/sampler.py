@@ -21,7 +21,9 @@ class SampleOutput(NamedTuple):
     top_logprobs: tuple[torch.Tensor, torch.Tensor] | None  # ([B, k] values, [B, k] ids)
 
 
-def apply_logit_processors(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
+def apply_logit_processors(
+    logits: torch.Tensor, sb: SamplingBatch, grammar_mask: bool = True
+) -> torch.Tensor:
     """Edit float32 logits `[B, V]` in place; returns them."""
     if sb.repetition is not None:
         assert sb.seen_mask is not None
@@ -34,7 +36,7 @@ def apply_logit_processors(logits: torch.Tensor, sb: SamplingBatch) -> torch.Ten
         logits += sb.logit_bias
     if sb.min_tokens_mask is not None:
         logits.masked_fill_(sb.min_tokens_mask, float("-inf"))
-    if sb.vocab_mask is not None:
+    if sb.vocab_mask is not None and grammar_mask:
         from radixlm.kernels import token_bitmask
 
         # NOTE: only the constrained rows are unpacked (`vocab_mask_rows`), the others untouched.
@@ -55,11 +57,26 @@ def sample(
 ) -> SampleOutput:
     # NOTE: inference mode: the model runner's logits are inference tensors, which the logit
     # processors edit in place.
-    logits = apply_logit_processors(logits, sb)
+    # NOTE: greedy CPU rows without logprobs apply the grammar mask lazily (masked_argmax_cpu):
+    # the same tokens, without masking rows whose argmax the grammar allows.
+    lazy_mask = (
+        sb.all_greedy
+        and sb.vocab_mask is not None
+        and not (return_logprob or top_logprobs_num)
+        and not logits.is_cuda
+        and logits.dtype == torch.float32
+        and logits.is_contiguous()
+    )
+    logits = apply_logit_processors(logits, sb, grammar_mask=not lazy_mask)
     logprobs = top = None
     if return_logprob or top_logprobs_num:
         logp = torch.log_softmax(logits, dim=-1)
-    if sb.all_greedy:
+    if lazy_mask:
+        from radixlm.kernels.token_bitmask_cpu import masked_argmax_cpu
+
+        assert sb.vocab_mask is not None
+        next_ids = masked_argmax_cpu(logits, sb.vocab_mask, sb.vocab_mask_rows)
+    elif sb.all_greedy:
         next_ids = argmax(logits)
     else:
         next_ids = _sample_rows(logits, sb)
@@ -77,6 +94,10 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
         from radixlm.kernels.argmax import argmax_rows
 
         return argmax_rows(x)
+    if x.dtype == torch.float32 and x.dim() == 2 and x.is_contiguous():
+        # NOTE: numpy's row argmax is ~14x faster than torch's on one CPU thread (48 vs 680 us
+        # for [16, 49152]); the same first maximum.
+        return torch.from_numpy(x.numpy().argmax(axis=-1))
     return x.argmax(dim=-1)
 
 

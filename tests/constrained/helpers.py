@@ -22,7 +22,7 @@ def tokenizer() -> Any:
     return load_server_tokenizer(ServerArgs())
 
 
-BACKENDS = ("outlines", "llguidance")
+BACKENDS = ("outlines", "llguidance", "xgrammar")
 
 
 def make_compiler(
@@ -32,6 +32,10 @@ def make_compiler(
         from radixlm.runtime.constrained.llguidance_backend import LLGuidanceCompiler
 
         return LLGuidanceCompiler(tokenizer(), VOCAB, (EOS,), whitespace)
+    if backend == "xgrammar":
+        from radixlm.runtime.constrained.xgrammar_backend import XGrammarCompiler
+
+        return XGrammarCompiler(tokenizer(), VOCAB, (EOS,), whitespace)
     from radixlm.runtime.constrained.outlines_backend import OutlinesCompiler
 
     return OutlinesCompiler(tokenizer(), VOCAB, (EOS,), whitespace, cache_dir)

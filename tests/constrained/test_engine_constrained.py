@@ -63,6 +63,11 @@ def test_outlines_corpus_valid_with_jump_forward(outlines_engine):
     assert jumps > 0
 
 
+def test_xgrammar_corpus_valid_with_jump_forward(xgrammar_engine):
+    _outs, jumps = run_corpus(xgrammar_engine)
+    assert jumps > 0
+
+
 # The outlines backend's messages (Python `re` dialect, its JSON-schema subset).
 BAD_OUTLINES = [
     ({"regex": "(abc"}, "invalid regex"),
@@ -97,14 +102,33 @@ BAD_LLGUIDANCE = [
     ({"ebnf": "root ::= missing"}, "invalid ebnf grammar"),
     ({"regex": "a", "choices": ["a"]}, "only one of"),
 ]  # fmt: skip
+# The xgrammar backend's messages: what XGrammar would ignore is refused by keyword and pointer.
+BAD_XGRAMMAR = [
+    ({"regex": "(abc"}, "invalid regex '(abc': missing ), unterminated subpattern"),
+    ({"regex": "a(?=b)"}, "look-around"),
+    ({"json_schema": "{not json"}, "not valid JSON"),
+    ({"json_schema": json.dumps({"type": "strin"})}, 'Unsupported type "strin"'),
+    ({"json_schema": json.dumps({"type": "array", "uniqueItems": True})}, "'uniqueItems' at /uniqueItems"),
+    ({"json_schema": json.dumps({"$ref": "https://example.com/s.json"})}, "'$ref' at /$ref (remote 'https://example.com/s.json'"),
+    ({"json_schema": json.dumps({"not": {"type": "null"}})}, "'not' at /not"),
+    ({"json_schema": json.dumps({"oneOf": [{"type": "integer"}, {"type": "number"}]})}, "'oneOf' at /oneOf"),
+    ({"json_schema": json.dumps({"allOf": [{"type": "integer"}, {"minimum": 3}]})}, "'allOf' at /allOf"),
+    ({"json_schema": json.dumps({"type": "string", "format": "hostname"})}, "'format' at /format (format 'hostname'"),
+    ({"json_schema": json.dumps({"type": "string", "pattern": "a", "maxLength": 3})}, "'maxLength' with 'pattern' at /"),
+    ({"json_schema": json.dumps({"type": "integer", "minimum": 5, "const": 1})}, "no value of 'const' at /const"),
+    ({"choices": ["a", ""]}, "choices"),
+    ({"ebnf": "root ::= missing"}, "invalid ebnf"),
+    ({"regex": "a", "choices": ["a"]}, "only one of"),
+]  # fmt: skip
 
 
-@pytest.mark.parametrize("backend", ["llguidance", "outlines"])
+@pytest.mark.parametrize("backend", ["llguidance", "outlines", "xgrammar"])
 def test_bad_patterns_rejected_others_unaffected(request, backend):
     from radixlm.runtime.errors import GrammarError, InvalidRequestError
 
-    engine = request.getfixturevalue("engine" if backend == "llguidance" else "outlines_engine")
-    bad = BAD_LLGUIDANCE if backend == "llguidance" else BAD_OUTLINES
+    fixture = {"llguidance": "engine", "outlines": "outlines_engine"}
+    engine = request.getfixturevalue(fixture.get(backend, "xgrammar_engine"))
+    bad = {"llguidance": BAD_LLGUIDANCE, "outlines": BAD_OUTLINES}.get(backend, BAD_XGRAMMAR)
     good = [c for c in CASES if c.name in ("person", "ipv4", "choices_plain")]
     results: list = []
     worker = threading.Thread(

@@ -59,8 +59,19 @@ def outputs(outlines_engine):
     return [outs[i * n : (i + 1) * n] for i in range(len(specs))]
 
 
+@pytest.fixture(scope="module")
+def xgrammar_outputs(xgrammar_engine):
+    specs = [("json_schema", json.dumps(s), q) for s, q in JSON_CASES]
+    specs += [("regex", r, q) for r, q in REGEX_CASES]
+    outs = batch(xgrammar_engine, specs)
+    n = len(SEEDS)
+    return [outs[i * n : (i + 1) * n] for i in range(len(specs))]
+
+
+@pytest.mark.parametrize("backend", ["outlines", "xgrammar"])
 @pytest.mark.parametrize("i", range(len(JSON_CASES)), ids=[str(s) for s, _ in JSON_CASES])
-def test_json_outputs_keep_their_promise(outputs, i):
+def test_json_outputs_keep_their_promise(request, backend, i):
+    outputs = request.getfixturevalue("outputs" if backend == "outlines" else "xgrammar_outputs")
     schema, _question = JSON_CASES[i]
     stopped = [o for o in outputs[i] if o["meta_info"]["finish_reason"]["type"] == "stop"]
     # NOTE: most outputs must stop (else the checks below prove little); an unbounded format
@@ -82,12 +93,14 @@ def llguidance_regex_outputs(engine):
     return [outs[i * n : (i + 1) * n] for i in range(len(REGEX_CASES))]
 
 
-@pytest.mark.parametrize("backend", ["outlines", "llguidance"])
+@pytest.mark.parametrize("backend", ["outlines", "llguidance", "xgrammar"])
 @pytest.mark.parametrize("i", range(len(REGEX_CASES)), ids=[r for r, _ in REGEX_CASES])
 def test_regex_outputs_keep_their_promise(request, backend, i):
     pattern, _question = REGEX_CASES[i]
     if backend == "outlines":
         outs = request.getfixturevalue("outputs")[len(JSON_CASES) + i]
+    elif backend == "xgrammar":
+        outs = request.getfixturevalue("xgrammar_outputs")[len(JSON_CASES) + i]
     else:
         outs = request.getfixturevalue("llguidance_regex_outputs")[i]
     for out in outs:

@@ -1,5 +1,5 @@
 """The real-world corpus, without the model: every SchemaStore schema vendored in
-`check-jsonschema` compiles on the llguidance backend or is rejected with a GrammarError naming
+`check-jsonschema` compiles on the llguidance and xgrammar backends or is rejected with a GrammarError naming
 the keyword (and its JSON pointer) or the reason; every grammar of bench/grammar_corpus.py
 compiles, and random walks through it (random allowed tokens until EOS) parse with the `lark`
 package's Earley parser (an independent oracle). ebnf on the outlines backend is refused by name.
@@ -32,9 +32,10 @@ def schemastore_files() -> list[str]:
     return sorted(glob.glob(os.path.join(root, "*.json")))
 
 
-@pytest.fixture(scope="module")
-def llg():
-    return make_compiler(backend="llguidance")
+@pytest.fixture(scope="module", params=["llguidance", "xgrammar"])
+def llg(request):
+    """A compiler of each backend that takes the whole corpus (ebnf included)."""
+    return make_compiler(backend=request.param)
 
 
 def test_schemastore_compiles_or_is_rejected_by_name(llg):

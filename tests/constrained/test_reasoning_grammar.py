@@ -23,6 +23,10 @@ def compiler(request):
         from radixlm.runtime.constrained.llguidance_backend import LLGuidanceCompiler
 
         return LLGuidanceCompiler(tok, len(tok), (EOS,), None)
+    if request.param == "xgrammar":
+        from radixlm.runtime.constrained.xgrammar_backend import XGrammarCompiler
+
+        return XGrammarCompiler(tok, len(tok), (EOS,), None)
     from radixlm.runtime.constrained.outlines_backend import OutlinesCompiler
 
     return OutlinesCompiler(tok, len(tok), (EOS,), None, None)

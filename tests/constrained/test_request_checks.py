@@ -72,7 +72,7 @@ def test_large_schema_error_is_reported_and_cached():
     from radixlm.runtime.sampling.sampling_params import SamplingParams
 
     bad = {**BIG, "properties": {"n": {"type": "array", "uniqueItems": True}}}
-    for backend in ("llguidance", "outlines"):
+    for backend in ("llguidance", "outlines", "xgrammar"):
         sp = SamplingParams.from_dict({"json_schema": json.dumps(bad)})
         for _ in range(2):  # the second time from the verdict cache: the same error
             with pytest.raises(GrammarError, match="uniqueItems"):

@@ -22,3 +22,27 @@ def test_matches_reference(vocab, rows):
     apply_token_bitmask_inplace_ref(expected, mask, idx)
     apply_bitmask_cpu(got, mask, idx)
     assert torch.equal(expected, got)
+
+
+@pytest.mark.parametrize("vocab", [100, 49152 + 37])
+@pytest.mark.parametrize("rows", [None, [0, 2]])
+@pytest.mark.parametrize("density", [0.0, 0.02, 0.5, 1.0])
+def test_masked_argmax_equals_mask_then_argmax(vocab, rows, density):
+    """The lazy greedy path picks exactly the tokens of masking every row first, ties included
+    (integer logits repeat their maximum) and rows whose argmax the mask refuses."""
+    from radixlm.kernels.token_bitmask_cpu import masked_argmax_cpu
+
+    gen = torch.Generator().manual_seed(vocab + int(100 * density))
+    logits = torch.randint(0, 6, (4, vocab), generator=gen).float()
+    allowed = torch.rand(4, vocab, generator=gen) < density
+    allowed[1, logits[1].argmax()] = True  # one row whose plain argmax is allowed
+    bits = torch.zeros(4, ((vocab + 31) // 32) * 32, dtype=torch.int64)
+    bits[:, :vocab] = allowed.long()
+    weights = 2 ** torch.arange(32, dtype=torch.int64)
+    packed = (bits.view(4, -1, 32) * weights).sum(-1)
+    mask = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+    idx = None if rows is None else torch.tensor(rows)
+    expected = logits.clone()
+    apply_token_bitmask_inplace_ref(expected, mask, idx)
+    got = masked_argmax_cpu(logits.clone(), mask, idx)
+    assert torch.equal(got, expected.argmax(dim=-1))

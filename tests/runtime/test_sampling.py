@@ -143,3 +143,13 @@ def test_min_new_tokens_bans_eos_and_logit_bias_applies() -> None:
     assert out.next_token_ids.item() != 2
     biased = sample(torch.zeros(1, V), _batch(_Req(temperature=0, logit_bias={"9": 5.0})))
     assert biased.next_token_ids.item() == 9
+
+
+def test_cpu_argmax_picks_the_first_maximum_as_torch():
+    from radixlm.runtime.sampling.sampler import argmax
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randint(0, 4, (8, 1000), generator=gen).float()  # many tied maxima
+    logits[3] = float("-inf")
+    got = argmax(logits)
+    assert got.dtype == torch.int64 and torch.equal(got, logits.argmax(dim=-1))

@@ -28,7 +28,7 @@ def test_every_registered_implementation_loads_and_implements_its_seam():
     assert PREFIX_CACHES.names() == ("radix", "none")
     for name in PREFIX_CACHES.names():
         assert issubclass(PREFIX_CACHES.load(name), PrefixCache)
-    assert set(GRAMMAR_BACKENDS.names()) == {"outlines", "llguidance"}
+    assert set(GRAMMAR_BACKENDS.names()) == {"outlines", "llguidance", "xgrammar"}
     for name in GRAMMAR_BACKENDS.names():
         assert callable(GRAMMAR_BACKENDS.load(name))
     assert MODEL_CLASSES.names() == tuple(ARCHITECTURES)
@@ -45,7 +45,7 @@ def test_registry_rejects_unknown_and_duplicate_names():
 
 
 @pytest.mark.parametrize(
-    ("field", "value"), [("attention_backend", "flashinfer"), ("grammar_backend", "xgrammar")]
+    ("field", "value"), [("attention_backend", "flashinfer"), ("grammar_backend", "guidance-ai")]
 )
 def test_bad_names_fail_in_the_users_process(field, value):
     with pytest.raises(InvalidRequestError, match=f"{field} must be one of .*got '{value}'") as e:

@@ -158,4 +158,4 @@ def test_unknown_backend_fails_before_start():
     from radixlm.runtime.server_args import ServerArgs
 
     with pytest.raises(InvalidRequestError, match="grammar_backend must be one of"):
-        ServerArgs(grammar_backend="xgrammar")
+        ServerArgs(grammar_backend="guidance-ai")
