@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.metadata
+import importlib.util
 import os
 from dataclasses import dataclass, fields
 from typing import Any
@@ -158,6 +159,12 @@ class ServerArgs:
                 "chunked_prefill_size must be >= 1 or -1", "chunked_prefill_size"
             )
         GRAMMAR_BACKENDS.check(self.grammar_backend, "grammar_backend")
+        if self.grammar_backend == "xgrammar" and importlib.util.find_spec("xgrammar") is None:
+            raise InvalidRequestError(
+                "grammar_backend xgrammar needs the xgrammar package: "
+                "pip install 'radixlm[xgrammar]'",
+                "grammar_backend",
+            )
         for name in ("request_timeout", "queue_timeout", "grammar_compile_timeout"):
             value = getattr(self, name)
             if value is not None and not value > 0:  # NOTE: also rejects NaN

@@ -134,3 +134,18 @@ def test_cpu_threads_are_shared_by_a_nodes_tensor_parallel_ranks():
     two_nodes = ServerArgs(device="cpu", tp_size=4, nnodes=2, dist_init_addr="10.0.0.1:5000")
     assert two_nodes.resolved().num_threads == max(1, cores // 2)
     assert ServerArgs(device="cpu", tp_size=2, num_threads=3).resolved().num_threads == 3
+
+
+def test_xgrammar_backend_without_the_package_is_refused_by_name(monkeypatch) -> None:
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "xgrammar" else find_spec(name, *a),
+    )
+    with pytest.raises(InvalidRequestError, match=r"radixlm\[xgrammar\]") as err:
+        ServerArgs(model_path="tiny-llama", grammar_backend="xgrammar")
+    assert err.value.field == "grammar_backend"
+    ServerArgs(model_path="tiny-llama", grammar_backend="llguidance")  # the default needs nothing
