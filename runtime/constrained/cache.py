@@ -1,4 +1,5 @@
-"""Caches of compiled grammars: an in-memory LRU and an optional directory of pickled indexes.
+"""Caches of compiled grammars: an in-memory LRU, a compiler's memory of its compiled specs with
+their counters (`CompileCache`), and an optional directory of pickled indexes.
 
 Thread-safety: both are used from the compile worker threads; the LRU takes a lock; the disk
 cache writes each entry to a temporary file and renames it into place, so concurrent writers of
@@ -16,7 +17,9 @@ import os
 import pickle
 import tempfile
 import threading
+import time
 from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar
 
 logger = logging.getLogger(__name__)
@@ -51,6 +54,35 @@ class LRUCache(Generic[K, V]):
 
     def __len__(self) -> int:
         return len(self._data)
+
+
+class CompileCache(Generic[V]):
+    """A compiler's compiled grammars by key (an LRU) and its counters (`stats`: compiled,
+    memory_hits, disk_hits, compile_s). Owned by one compiler, used from its worker threads: two
+    workers missing the same key both build it (the last put wins), which only costs time."""
+
+    def __init__(self, capacity: int) -> None:
+        self.memory: LRUCache[Hashable, V] = LRUCache(capacity)
+        self.stats = {"compiled": 0, "memory_hits": 0, "disk_hits": 0, "compile_s": 0.0}
+
+    def get(self, key: Hashable) -> V | None:
+        hit = self.memory.get(key)
+        if hit is not None:
+            self.stats["memory_hits"] += 1
+        return hit
+
+    def get_or_build(self, key: Hashable, build: Callable[[], V]) -> V:
+        """The cached value of `key`, else `build()` (timed, counted, kept); `build` raises
+        GrammarError for a spec that cannot compile (nothing is kept then)."""
+        hit = self.get(key)
+        if hit is not None:
+            return hit
+        start = time.perf_counter()
+        value = build()
+        self.stats["compiled"] += 1
+        self.stats["compile_s"] += time.perf_counter() - start
+        self.memory.put(key, value)
+        return value
 
 
 class DiskCache:

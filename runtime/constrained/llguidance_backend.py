@@ -22,13 +22,12 @@ free text (`maxLength`, `{m,n}`) are full token-trie walks (issue 23 measured sl
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import torch
 
 from radixlm.runtime.constrained.base import Grammar, GrammarCompiler, GrammarSpec
-from radixlm.runtime.constrained.cache import LRUCache
+from radixlm.runtime.constrained.cache import CompileCache
 from radixlm.runtime.constrained.llguidance_specs import check_spec_llguidance, spec_to_llguidance
 from radixlm.runtime.constrained.vocab import TokenVocab
 from radixlm.runtime.errors import GrammarError
@@ -129,11 +128,11 @@ class LLGuidanceCompiler(GrammarCompiler):
         self.vocab_size = vocab_size
         self.eos_ids = eos_ids
         self.whitespace_pattern = whitespace_pattern
-        self.memory: LRUCache[tuple, Any] = LRUCache(capacity)
+        self.cache: CompileCache[Any] = CompileCache(capacity)
+        self.stats = self.cache.stats
         self._lltok: Any = None
         self._vocab: TokenVocab | None = None
         self._lock = threading.Lock()
-        self.stats = {"compiled": 0, "memory_hits": 0, "disk_hits": 0, "compile_s": 0.0}
 
     @property
     def vocab(self) -> TokenVocab:
@@ -159,34 +158,25 @@ class LLGuidanceCompiler(GrammarCompiler):
         check_spec_llguidance(spec, self.whitespace_pattern)
 
     def cached(self, spec: GrammarSpec) -> LLGuidanceGrammar | None:
-        hit = self.memory.get(self.key(spec))
-        if hit is None:
-            return None
-        self.stats["memory_hits"] += 1
-        return LLGuidanceGrammar(hit.deep_copy(), self.eos_ids)
+        hit = self.cache.get(self.key(spec))
+        return None if hit is None else LLGuidanceGrammar(hit.deep_copy(), self.eos_ids)
 
     def compile(self, spec: GrammarSpec) -> LLGuidanceGrammar:
         return LLGuidanceGrammar(self.compile_shared(spec).deep_copy(), self.eos_ids)
 
     def compile_shared(self, spec: GrammarSpec) -> Any:
         """The template matcher of `spec` (never advanced; callers deep-copy it)."""
+        return self.cache.get_or_build(self.key(spec), lambda: self._build(spec))
+
+    def _build(self, spec: GrammarSpec) -> Any:
         from llguidance import LLMatcher
 
-        key = self.key(spec)
-        hit = self.memory.get(key)
-        if hit is not None:
-            self.stats["memory_hits"] += 1
-            return hit
         grammar = spec_to_llguidance(spec, self.whitespace_pattern)
-        start = time.perf_counter()
         matcher = LLMatcher(self.lltokenizer, grammar, log_level=0)
         if matcher.is_error():
             first = (matcher.get_error().strip().splitlines() or ["invalid grammar"])[0]
             raise GrammarError(f"cannot compile {spec.describe()}: {first}", spec.kind)
         self._warm(matcher, spec)
-        self.stats["compiled"] += 1
-        self.stats["compile_s"] += time.perf_counter() - start
-        self.memory.put(key, matcher)
         return matcher
 
     def _warm(self, matcher: Any, spec: GrammarSpec) -> None:

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import functools
 import threading
-import time
 from typing import Any
 
 import numpy as np
 import torch
 
 from radixlm.runtime.constrained.base import Grammar, GrammarCompiler, GrammarSpec
-from radixlm.runtime.constrained.cache import LRUCache
+from radixlm.runtime.constrained.cache import CompileCache
 from radixlm.runtime.constrained.vocab import TokenVocab
 from radixlm.runtime.constrained.xgrammar_specs import check_spec_xgrammar, spec_to_xgrammar
 from radixlm.runtime.errors import GrammarError
@@ -130,11 +129,11 @@ class XGrammarCompiler(GrammarCompiler):
         self.eos_ids = eos_ids
         self.whitespace_pattern = whitespace_pattern
         self.threads = threads
-        self.memory: LRUCache[tuple, Any] = LRUCache(capacity)
+        self.cache: CompileCache[Any] = CompileCache(capacity)
+        self.stats = self.cache.stats
         self._vocab: TokenVocab | None = None
         self._xgr: Any = None
         self._lock = threading.Lock()
-        self.stats = {"compiled": 0, "memory_hits": 0, "disk_hits": 0, "compile_s": 0.0}
 
     @property
     def vocab(self) -> TokenVocab:
@@ -177,33 +176,24 @@ class XGrammarCompiler(GrammarCompiler):
         return XGrammarGrammar(xgr.GrammarMatcher(compiled), self.vocab)
 
     def cached(self, spec: GrammarSpec) -> XGrammarGrammar | None:
-        hit = self.memory.get(self.key(spec))
-        if hit is None:
-            return None
-        self.stats["memory_hits"] += 1
-        return self._grammar(hit)
+        hit = self.cache.get(self.key(spec))
+        return None if hit is None else self._grammar(hit)
 
     def compile(self, spec: GrammarSpec) -> XGrammarGrammar:
         return self._grammar(self.compile_shared(spec))
 
     def compile_shared(self, spec: GrammarSpec) -> Any:
         """The `CompiledGrammar` of `spec` (immutable, shared by every request)."""
-        key = self.key(spec)
-        hit = self.memory.get(key)
-        if hit is not None:
-            self.stats["memory_hits"] += 1
-            return hit
+        return self.cache.get_or_build(self.key(spec), lambda: self._build(spec))
+
+    def _build(self, spec: GrammarSpec) -> Any:
         grammar = spec_to_xgrammar(spec, self.whitespace_pattern)
         compiler = self.xgrammar_compiler
-        start = time.perf_counter()
         try:
             compiled = compiler.compile_grammar(grammar)
         except RuntimeError as exc:
             raise GrammarError(f"cannot compile {spec.describe()}: {exc}", spec.kind) from None
         self._check_startable(compiled, spec)
-        self.stats["compiled"] += 1
-        self.stats["compile_s"] += time.perf_counter() - start
-        self.memory.put(key, compiled)
         return compiled
 
     def _check_startable(self, compiled: Any, spec: GrammarSpec) -> None:
