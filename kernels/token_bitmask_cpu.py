@@ -45,26 +45,24 @@ def apply_bitmask_cpu(
         row[width:] = -np.inf
 
 
-def masked_argmax_cpu(
-    logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None = None
-) -> torch.Tensor:
-    """`[B]` int64: each row's argmax after `apply_bitmask_cpu`, masking only the rows whose plain
-    argmax the mask refuses (those rows of `logits` are masked in place; the others untouched).
-
-    NOTE: exact, ties included: where the first maximum of a row is allowed, it is also the first
-    maximum of the masked row (an earlier allowed maximum would have been the first one).
-    Grammars mostly allow the model's own choice, so most steps skip the mask (~25 us a row)."""
-    lg = logits.numpy()
-    ids = lg.argmax(axis=-1)  # NOTE: numpy's argmax: the first maximum, as torch's
+def refused_rows(ids: np.ndarray, bitmask: torch.Tensor, rows: list[int]) -> list[int]:
+    """The rows among `rows` whose token `ids[i]` the packed `bitmask [B, W]` refuses (a token past
+    the mask's width is refused)."""
     words = bitmask.numpy().view(np.uint32)
-    width = min(lg.shape[1], words.shape[1] * 32)
-    refused = [
+    width = words.shape[1] * 32
+    return [
         i
-        for i in (range(lg.shape[0]) if rows is None else rows.tolist())
+        for i in rows
         if ids[i] >= width or not (int(words[i, ids[i] >> 5]) >> int(ids[i] & 31)) & 1
     ]
-    if refused:
-        apply_bitmask_cpu(logits, bitmask, torch.tensor(refused))
-        for i in refused:  # NOTE: row by row: `lg[refused]` would copy the rows first
-            ids[i] = lg[i].argmax()
-    return torch.from_numpy(ids)
+
+
+def remask_argmax(
+    logits: torch.Tensor, ids: np.ndarray, bitmask: torch.Tensor, rows: list[int]
+) -> None:
+    """Mask `rows` of `logits` in place (`apply_bitmask_cpu`) and write their new argmax into
+    `ids`; the other rows are untouched."""
+    apply_bitmask_cpu(logits, bitmask, torch.tensor(rows))
+    lg = logits.numpy()
+    for i in rows:  # NOTE: row by row: `lg[rows]` would copy the rows first
+        ids[i] = lg[i].argmax()

@@ -52,6 +52,11 @@ class Grammar(ABC):
         """Write the allowed-token bitmask into `row`: a contiguous CPU int32 tensor of
         ceil(model_vocab / 32) words; bit j of word w allows token 32 * w + j."""
 
+    def allows(self, token_id: int) -> bool | None:
+        """Whether `fill_mask` would allow `token_id`, where the backend can tell without
+        computing the mask (a check of one token); None: it cannot, the caller reads the mask."""
+        return None
+
     @abstractmethod
     def accept(self, token_id: int) -> bool:
         """Consume one token; False (and no state change) if the grammar rejects it."""

@@ -50,6 +50,19 @@ class LLGuidanceGrammar(Grammar):
         # size (the compiler builds its tokenizer so); EOS bits are set in accepting states.
         self.matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * 4)
 
+    def allows(self, token_id: int) -> bool | None:
+        # NOTE: the mask's own rule: EOS iff the output is complete, any other token iff the
+        # lexer and parser take its bytes (`validate_tokens` runs them without a state change).
+        # Where the grammar forces bytes the mask keeps only their canonical tokens, which
+        # `validate_tokens` does not know: there the mask decides.
+        if token_id in self.eos_ids:
+            return self.matcher.is_accepting()
+        if self.matcher.is_stopped():
+            return False
+        if self.matcher.compute_ff_bytes():
+            return None
+        return self.matcher.validate_tokens([token_id]) == 1
+
     def accept(self, token_id: int) -> bool:
         if token_id in self.eos_ids:
             # NOTE: `try_consume_tokens` refuses EOS once the matcher has stopped (nothing else

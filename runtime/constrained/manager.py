@@ -6,7 +6,7 @@
   compile failed or ran past `grammar_compile_timeout` with the error message. A cached grammar
   skips the pool entirely. Every request's grammar is wrapped here when its sampling params carry
   a reasoning marker (reasoning.py: free `<think>` section, constrained answer).
-- Builds the batch's packed bitmask (`build_mask`) and plans/applies jump-forward (`try_jump`).
+- Builds the batch's packed bitmask (`build_mask`, filled as read: batch_mask.py) and plans/applies jump-forward (`try_jump`).
 
 Threading: every method runs on the scheduler loop thread; only the compiler's `compile` runs
 on the pool's threads. A timed-out compile keeps running in its thread (threads cannot be
@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from radixlm.runtime.constrained.base import Grammar, GrammarCompiler, GrammarSpec
+from radixlm.runtime.constrained.batch_mask import BatchMask
 from radixlm.runtime.constrained.jump_forward import apply_jump, plan_jump
 from radixlm.runtime.constrained.reasoning import wrap_for_reasoning
 from radixlm.runtime.errors import GrammarError
@@ -155,13 +156,11 @@ class GrammarManager:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
     # ---- masks ----------------------------------------------------------------------------------
-    def build_mask(self, reqs: list[Any]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        """The `[B, words]` int32 bitmask of a batch (unconstrained rows all ones) and the rows
-        that need masking (None: all of them), or None when no request is constrained."""
-        rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
-        if not rows:
+    def build_mask(self, reqs: list[Any]) -> BatchMask | None:
+        """The batch's grammar mask (rows filled when the sampler reads them: batch_mask.py), or
+        None when no request is constrained."""
+        if all(r.grammar is None for r in reqs):
             return None
-        start = time.perf_counter()
         bs = len(reqs)
         if self._mask_buf.shape[0] < bs:
             pin = self.device.type == "cuda"
@@ -169,19 +168,7 @@ class GrammarManager:
                                          dtype=torch.int32, pin_memory=pin)  # fmt: skip
         # NOTE: the buffer is reused every step; the previous step's host-to-device copy has
         # completed because sampling synchronised on its result.
-        mask = self._mask_buf[:bs]
-        for i, r in enumerate(reqs):
-            if r.grammar is not None:
-                r.grammar.fill_mask(mask[i])
-            else:
-                mask[i].fill_(-1)
-        indices = None if len(rows) == bs else torch.tensor(rows, dtype=torch.int64)
-        if self.device.type != "cpu":
-            mask = mask.to(self.device, non_blocking=True)
-            indices = None if indices is None else indices.to(self.device, non_blocking=True)
-        self.stats["mask_s"] += time.perf_counter() - start
-        self.stats["mask_rows"] += len(rows)
-        return mask, indices
+        return BatchMask([r.grammar for r in reqs], self._mask_buf[:bs], self.device, self.stats)
 
     # ---- jump-forward ---------------------------------------------------------------------------
     def try_jump(self, req: Any) -> list[int] | None:

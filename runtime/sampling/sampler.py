@@ -34,20 +34,21 @@ def apply_logit_processors(
         logits -= sb.frequency * sb.output_counts + sb.presence * (sb.output_counts > 0)
     if sb.logit_bias is not None:
         logits += sb.logit_bias
-    if sb.min_tokens_mask is not None:
-        logits.masked_fill_(sb.min_tokens_mask, float("-inf"))
+    if sb.min_tokens_ban is not None:
+        logits[sb.min_tokens_ban] = float("-inf")
     if sb.vocab_mask is not None and grammar_mask:
         from radixlm.kernels import token_bitmask
 
-        # NOTE: only the constrained rows are unpacked (`vocab_mask_rows`), the others untouched.
+        # NOTE: only the constrained rows are unpacked (`rows`), the others untouched.
+        bits, rows = sb.vocab_mask.dense()
         if logits.is_cuda:
-            token_bitmask.apply_token_bitmask_inplace(logits, sb.vocab_mask, sb.vocab_mask_rows)
+            token_bitmask.apply_token_bitmask_inplace(logits, bits, rows)
         elif logits.dtype == torch.float32 and logits.is_contiguous():
             from radixlm.kernels.token_bitmask_cpu import apply_bitmask_cpu
 
-            apply_bitmask_cpu(logits, sb.vocab_mask, sb.vocab_mask_rows)
+            apply_bitmask_cpu(logits, bits, rows)
         else:
-            token_bitmask.apply_token_bitmask_inplace_ref(logits, sb.vocab_mask, sb.vocab_mask_rows)
+            token_bitmask.apply_token_bitmask_inplace_ref(logits, bits, rows)
     return logits
 
 
@@ -57,8 +58,9 @@ def sample(
 ) -> SampleOutput:
     # NOTE: inference mode: the model runner's logits are inference tensors, which the logit
     # processors edit in place.
-    # NOTE: greedy CPU rows without logprobs apply the grammar mask lazily (masked_argmax_cpu):
-    # the same tokens, without masking rows whose argmax the grammar allows.
+    # NOTE: greedy CPU rows without logprobs apply the grammar mask lazily (vocab_mask.py): the
+    # same tokens, without masking (or even computing the mask of) rows whose argmax the grammar
+    # allows.
     lazy_mask = (
         sb.all_greedy
         and sb.vocab_mask is not None
@@ -72,10 +74,14 @@ def sample(
     if return_logprob or top_logprobs_num:
         logp = torch.log_softmax(logits, dim=-1)
     if lazy_mask:
-        from radixlm.kernels.token_bitmask_cpu import masked_argmax_cpu
+        from radixlm.kernels.token_bitmask_cpu import remask_argmax
 
         assert sb.vocab_mask is not None
-        next_ids = masked_argmax_cpu(logits, sb.vocab_mask, sb.vocab_mask_rows)
+        ids = logits.numpy().argmax(axis=-1)  # NOTE: the first maximum, as torch's
+        refused = sb.vocab_mask.refused(ids)
+        if refused:
+            remask_argmax(logits, ids, sb.vocab_mask.host_bits(refused), refused)
+        next_ids = torch.from_numpy(ids)
     elif sb.all_greedy:
         next_ids = argmax(logits)
     else:

@@ -13,6 +13,7 @@ from typing import Protocol
 import torch
 
 from radixlm.runtime.sampling.sampling_params import SamplingParams
+from radixlm.runtime.sampling.vocab_mask import VocabMask
 
 
 class SamplingReq(Protocol):
@@ -39,14 +40,15 @@ class SamplingBatch:
     output_counts: torch.Tensor | None  # [B, V] counts of each token in the outputs
     repetition: torch.Tensor | None  # [B, 1]
     seen_mask: torch.Tensor | None  # [B, V] bool: token in prompt or output
-    min_tokens_mask: torch.Tensor | None  # [B, V] bool: tokens banned this step
+    # (rows, ids) int64 index pairs of the tokens banned this step (eos and stop ids before
+    # min_new_tokens): a few per row, so no [B, V] mask is built.
+    min_tokens_ban: tuple[torch.Tensor, torch.Tensor] | None
     logit_bias: torch.Tensor | None  # [B, V]
-    vocab_mask: torch.Tensor | None = None  # [B, words] int32 packed grammar bitmask (1 = allowed)
-    vocab_mask_rows: torch.Tensor | None = None  # [K] rows the mask applies to (None: all)
+    vocab_mask: VocabMask | None = None  # grammar mask (vocab_mask.py); None: none constrained
 
-    def set_vocab_mask(self, mask: tuple[torch.Tensor, torch.Tensor | None] | None) -> None:
-        """Attach a grammar bitmask (see constrained/manager.py `build_mask`)."""
-        self.vocab_mask, self.vocab_mask_rows = mask if mask is not None else (None, None)
+    def set_vocab_mask(self, mask: VocabMask | None) -> None:
+        """Attach a grammar mask (constrained/manager.py `build_mask`, or a `DenseMask`)."""
+        self.vocab_mask = mask
 
     @classmethod
     def greedy_only(cls, bs: int) -> SamplingBatch:
@@ -64,7 +66,7 @@ class SamplingBatch:
             output_counts=None,
             repetition=None,
             seen_mask=None,
-            min_tokens_mask=None,
+            min_tokens_ban=None,
             logit_bias=None,
         )
 
@@ -101,15 +103,14 @@ class SamplingBatch:
             for i, r in enumerate(reqs):
                 seen[i, torch.tensor(r.origin_input_ids, dtype=torch.int64, device=device)] = True
 
-        min_mask = None
-        pending = [
-            i for i, r in enumerate(reqs) if len(r.output_ids) < r.sampling_params.min_new_tokens
-        ]
-        if pending:
-            min_mask = torch.zeros((bs, vocab), dtype=torch.bool, device=device)
-            for i in pending:
-                ids = [t for t in reqs[i].stop_ids_for_min_tokens if 0 <= t < vocab]
-                min_mask[i, ids] = True
+        ban_rows: list[int] = []
+        ban_ids: list[int] = []
+        for i, r in enumerate(reqs):
+            if len(r.output_ids) < r.sampling_params.min_new_tokens:
+                ids = [t for t in r.stop_ids_for_min_tokens if 0 <= t < vocab]
+                ban_rows += [i] * len(ids)
+                ban_ids += ids
+        ban = (col(ban_rows, torch.int64), col(ban_ids, torch.int64)) if ban_rows else None
 
         bias = None
         if any(sp.logit_bias for sp in sps):
@@ -134,7 +135,7 @@ class SamplingBatch:
             output_counts=output_counts,
             repetition=col([sp.repetition_penalty for sp in sps]).view(bs, 1) if need_rep else None,
             seen_mask=seen,
-            min_tokens_mask=min_mask,
+            min_tokens_ban=ban,
             logit_bias=bias,
         )
 

@@ -47,6 +47,7 @@ from radixlm.runtime.mem.kv_pool import SlotAllocator
 from radixlm.runtime.mem.prefix_cache import PrefixCache
 from radixlm.runtime.models.cpu_linear import SMALL_M
 from radixlm.runtime.sampling.sampling_batch import SamplingBatch
+from radixlm.runtime.sampling.vocab_mask import DenseMask
 from radixlm.runtime.scheduler.queues import ReqQueues
 from radixlm.runtime.scheduler.req import Req
 from radixlm.runtime.scheduler.results import ResultPath
@@ -207,7 +208,7 @@ class SpeculativeStep:
         sb = SamplingBatch.from_reqs(self.row_reqs(reqs, tokens, parents), self.step.vocab_size,
                                      self.device)  # fmt: skip
         if masks is not None:
-            sb.set_vocab_mask((masks[:, :n].reshape(bsz * n, -1).to(self.device), None))
+            sb.set_vocab_mask(DenseMask(masks[:, :n].reshape(bsz * n, -1).to(self.device)))
         top_n = max((r.top_logprobs_num for r in reqs), default=0)
         want_lp = top_n > 0 or any(r.return_logprob for r in reqs)
         target_lp = None

@@ -175,10 +175,44 @@ def test_abort_and_cache_hit():
 def test_mask_rows():
     mgr = manager(FakeCompiler())
     reqs = [FakeReq("a"), FakeReq("b", FakeGrammar(9)), FakeReq("c")]
-    mask, rows = mgr.build_mask(reqs)
+    mask, rows = mgr.build_mask(reqs).dense()
     assert mask.shape == (3, 4) and mask.dtype == torch.int32
     assert (mask[0] == -1).all() and (mask[2] == -1).all()
     assert mask[1].tolist() == [9, 0, 0, 0] and rows.tolist() == [1]
     assert mgr.build_mask([FakeReq("z")]) is None
-    _, rows = mgr.build_mask([reqs[1]])
+    _, rows = mgr.build_mask([reqs[1]]).dense()
     assert rows is None
+
+
+class CheckingGrammar(FakeGrammar):
+    """Allows tokens below `word` and can say so without a mask; counts its mask fills."""
+
+    def __init__(self, word: int) -> None:
+        super().__init__(word)
+        self.fills = 0
+
+    def fill_mask(self, row: torch.Tensor) -> None:
+        self.fills += 1
+        row.zero_()
+        row[0] = (1 << self.word) - 1
+
+    def allows(self, token_id: int) -> bool:
+        return token_id < self.word
+
+
+def test_lazy_mask_fills_only_refused_rows():
+    """The greedy path's questions: a grammar with a check answers without its mask; one without
+    (`allows` None) fills its row and reads the bit; only refused rows are filled for masking."""
+    mgr = manager(FakeCompiler())
+    cheap_ok, cheap_no, plain = CheckingGrammar(4), CheckingGrammar(4), FakeGrammar(0b1010)
+    reqs = [FakeReq("a", cheap_ok), FakeReq("b"), FakeReq("c", cheap_no), FakeReq("d", plain)]
+    mask = mgr.build_mask(reqs)
+    import numpy as np
+
+    assert mask.refused(np.array([3, 77, 9, 1])) == [2]  # token 1: bit 1 of 0b1010 is set
+    assert mask.refused(np.array([3, 77, 9, 2])) == [2, 3]  # bit 2 is clear
+    assert cheap_ok.fills == cheap_no.fills == 0  # answered without a mask
+    bits = mask.host_bits([2])
+    assert cheap_no.fills == 1 and cheap_ok.fills == 0 and bits[2, 0].item() == 0b1111
+    mask.host_bits([2])
+    assert cheap_no.fills == 1  # filled once per step

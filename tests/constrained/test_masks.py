@@ -71,3 +71,32 @@ def test_masks_match_brute_force(compiler, name):
             detail = [(t, table[t]) for t in missing[:8]]
             assert not missing, f"{name}: {len(missing)} tokens disallowed wrongly, e.g. {detail}"
         assert bool(mask[EOS]) == (state in oracle.fsm.finals and not pending)
+
+
+@pytest.mark.parametrize(
+    "name", ["date", "sentence", "choices_special", "person", "escapes_unicode"]
+)
+def test_allows_agrees_with_the_mask(compiler, name):
+    """`Grammar.allows` (the greedy path's one-token check, where a backend has one) says of
+    every token exactly what the mask says, EOS included, along walks that run to the end; None
+    (the mask decides) is the only other answer."""
+    from radixlm.runtime.constrained import GrammarSpec
+
+    rng = random.Random(name)
+    grammar = compiler.compile(GrammarSpec("regex", _regex_of(name)))
+    answered = 0
+    for _ in range(40):
+        mask = allowed_ids(grammar).tolist()
+        for t in range(VOCAB):
+            says = grammar.allows(t)
+            if says is not None:
+                assert says == mask[t], f"{name}: token {t} {compiler.vocab.token_bytes[t]!r}"
+                answered += 1
+        choices = [t for t in range(VOCAB) if mask[t] and t != EOS]
+        if not choices:
+            break
+        assert grammar.accept(rng.choice(choices))
+    else:
+        pytest.fail(f"{name}: the walk did not end")
+    if backend_of(compiler) == "llguidance":  # the backend with a one-token check uses it
+        assert answered > VOCAB, name

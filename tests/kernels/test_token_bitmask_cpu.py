@@ -28,9 +28,11 @@ def test_matches_reference(vocab, rows):
 @pytest.mark.parametrize("rows", [None, [0, 2]])
 @pytest.mark.parametrize("density", [0.0, 0.02, 0.5, 1.0])
 def test_masked_argmax_equals_mask_then_argmax(vocab, rows, density):
-    """The lazy greedy path picks exactly the tokens of masking every row first, ties included
-    (integer logits repeat their maximum) and rows whose argmax the mask refuses."""
-    from radixlm.kernels.token_bitmask_cpu import masked_argmax_cpu
+    """The sampler's lazy greedy path picks exactly the tokens of masking every row first, ties
+    included (integer logits repeat their maximum) and rows whose argmax the mask refuses."""
+    from radixlm.runtime.sampling.sampler import sample
+    from radixlm.runtime.sampling.sampling_batch import SamplingBatch
+    from radixlm.runtime.sampling.vocab_mask import DenseMask
 
     gen = torch.Generator().manual_seed(vocab + int(100 * density))
     logits = torch.randint(0, 6, (4, vocab), generator=gen).float()
@@ -44,5 +46,7 @@ def test_masked_argmax_equals_mask_then_argmax(vocab, rows, density):
     idx = None if rows is None else torch.tensor(rows)
     expected = logits.clone()
     apply_token_bitmask_inplace_ref(expected, mask, idx)
-    got = masked_argmax_cpu(logits.clone(), mask, idx)
+    sb = SamplingBatch.greedy_only(4)
+    sb.set_vocab_mask(DenseMask(mask, idx))
+    got = sample(logits.clone(), sb).next_token_ids
     assert torch.equal(got, expected.argmax(dim=-1))

@@ -52,7 +52,7 @@ def sampling_batch(rows: int, temperature=1.0, top_k=None, top_p=None, greedy=Fa
         output_counts=None,
         repetition=None,
         seen_mask=None,
-        min_tokens_mask=None,
+        min_tokens_ban=None,
         logit_bias=None,
     )
 
