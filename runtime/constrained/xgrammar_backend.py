@@ -55,6 +55,15 @@ class XGrammarGrammar(Grammar):
             return
         self.matcher.fill_next_token_bitmask(row.view(1, -1), 0)
 
+    def allows(self, token_id: int) -> bool:
+        if token_id in self.vocab.eos_ids:
+            return self.matcher.is_completed() and not self.matcher.is_terminated()
+        # NOTE: try the token and undo it (XGrammar keeps every step: rollback is exact).
+        if self.matcher.is_terminated() or not self.matcher.accept_token(token_id):
+            return False
+        self.matcher.rollback(1)
+        return True
+
     def accept(self, token_id: int) -> bool:
         if not self.matcher.accept_token(token_id):
             return False  # NOTE: a rejected token leaves the matcher unchanged
