@@ -126,6 +126,13 @@ class OutlinesGrammar(Grammar):
             for t in self._extra_eos:
                 row[t >> 5] |= _bit(t & 31)
 
+    def allows(self, token_id: int) -> bool:
+        if self.eos_accepted:
+            return False
+        if token_id in self.compiled.vocab.eos_ids:
+            return token_id < self.compiled.vocab.vocab_size and self.guide.is_finished()
+        return self.compiled.index.get_next_state(self.guide.get_state(), token_id) is not None
+
     def accept(self, token_id: int) -> bool:
         if self.eos_accepted:
             return False
