@@ -4,9 +4,10 @@
 - `dense()` fills every constrained row (unconstrained rows allow everything) and moves the mask
   to the device: what sampling with temperature, logprobs and the GPU read.
 - `refused(ids)` is the greedy CPU path's question: does each row's grammar allow the model's own
-  choice? A grammar that can check one token without its mask (`Grammar.allows`: llguidance)
-  answers directly; the others fill their row and read its bit. `host_bits(rows)` then fills the
-  refused rows. Most steps of a constrained greedy request never compute a mask.
+  choice? A grammar that can check one token without its mask (`Grammar.allows`: every backend,
+  except where llguidance forces bytes) answers directly; otherwise the row's mask is filled and
+  its bit read. `host_bits(rows)` then fills the refused rows. Most steps of a constrained greedy
+  request never compute a mask.
 
 Ownership: built per step by `GrammarManager.build_mask` on the scheduler loop thread, into the
 manager's reused host buffer; it is dead once the next step builds its own. Time spent filling
