@@ -6,7 +6,8 @@
   compile failed or ran past `grammar_compile_timeout` with the error message. A cached grammar
   skips the pool entirely. Every request's grammar is wrapped here when its sampling params carry
   a reasoning marker (reasoning.py: free `<think>` section, constrained answer).
-- Builds the batch's packed bitmask (`build_mask`, filled as read: batch_mask.py) and plans/applies jump-forward (`try_jump`).
+- Builds the batch's packed bitmask (`build_mask`: rows filled as they are read, batch_mask.py)
+  and plans/applies jump-forward (`try_jump`).
 
 Threading: every method runs on the scheduler loop thread; only the compiler's `compile` runs
 on the pool's threads. A timed-out compile keeps running in its thread (threads cannot be
