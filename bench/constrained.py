@@ -266,7 +266,7 @@ def print_report(r: dict[str, Any]) -> None:
         for k, v in jf["tpot"].items():
             if k.endswith("_ms"):
                 line(k, f"{v:8.1f}")
-            elif k.startswith("overhead"):
+            elif k.startswith("overhead") and not k.endswith("_pairs"):
                 line(k, f"{v * 100:+7.1f} %")
         print("jump-forward (JSON extraction)")
         for k, v in jf.items():

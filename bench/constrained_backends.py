@@ -213,7 +213,7 @@ def bench_backends(
 
             engine = Engine(grammar_backend=backend)
             try:
-                res["tpot"] = bench_tpot(engine, [batch], tpot_tokens, repeats=1 if quick else 3)
+                res["tpot"] = bench_tpot(engine, [batch], tpot_tokens, repeats=1 if quick else 5)
             finally:
                 engine.shutdown()
         out[backend] = res
@@ -243,5 +243,5 @@ def _pp(p: dict[str, float], digits: int = 2) -> str:
 def _overhead(tpot: dict[str, Any] | None) -> str:
     if not tpot:
         return "-"
-    key = next((k for k in tpot if k.startswith("overhead_b")), None)
+    key = next((k for k in tpot if k.startswith("overhead_b") and not k.endswith("_pairs")), None)
     return "-" if key is None else f"{100 * tpot[key]:+.1f} %"

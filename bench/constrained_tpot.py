@@ -3,6 +3,7 @@ backends section: the same prompts unconstrained and with a mask on every row, o
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Any
 
@@ -18,10 +19,12 @@ def timed(engine: Any, prompts: list[str], params: dict[str, Any]) -> tuple[floa
 
 
 def bench_tpot(
-    engine: Any, batch_sizes: list[int], new_tokens: int, repeats: int = 3
+    engine: Any, batch_sizes: list[int], new_tokens: int, repeats: int = 5
 ) -> dict[str, Any]:
-    """ms per decode step, unconstrained vs a mask on every row, interleaved `repeats` times
-    (best kept): step time = (t(new_tokens) - t(1 token)) / the forwards in between."""
+    """ms per decode step, unconstrained vs a mask on every row, as `repeats` back-to-back pairs
+    (the order alternating): step time = (t(new_tokens) - t(1 token)) / the forwards in between.
+    Per mode the median step; the overhead is the median of the pairs' ratios, so a machine that
+    drifts between pairs moves both sides of each ratio alike."""
     modes = {
         "unconstrained": {"temperature": 0, "ignore_eos": True},
         # NOTE: a mask on every row every step; min_new_tokens keeps the length fixed.
@@ -32,14 +35,18 @@ def bench_tpot(
         prompts = W.extraction_prompts(bs)
         for params in modes.values():
             timed(engine, prompts, {**params, "max_new_tokens": 2})  # warm: prefix + grammar
-        for _ in range(repeats):
-            for name, params in modes.items():
+        steps: dict[str, list[float]] = {name: [] for name in modes}
+        for rep in range(repeats):
+            for name in list(modes)[:: 1 if rep % 2 == 0 else -1]:
+                params = modes[name]
                 t1, s1, _ = timed(engine, prompts, {**params, "max_new_tokens": 1})
                 fixed = {**params, "max_new_tokens": new_tokens, "min_new_tokens": new_tokens}
                 tn, sn, outs = timed(engine, prompts, fixed)
-                step_ms = 1e3 * (tn - t1) / max(sn - s1, 1)
-                key = f"{name}_b{bs}_ms"
-                out[key] = min(out.get(key, float("inf")), step_ms)
+                steps[name].append(1e3 * (tn - t1) / max(sn - s1, 1))
                 out[f"{name}_b{bs}_tokens"] = sum(o["meta_info"]["completion_tokens"] for o in outs)
-        out[f"overhead_b{bs}"] = out[f"constrained_b{bs}_ms"] / out[f"unconstrained_b{bs}_ms"] - 1
+        for name, values in steps.items():
+            out[f"{name}_b{bs}_ms"] = statistics.median(values)
+        ratios = [c / u - 1 for c, u in zip(steps["constrained"], steps["unconstrained"])]
+        out[f"overhead_b{bs}"] = statistics.median(ratios)
+        out[f"overhead_b{bs}_pairs"] = ratios
     return out

@@ -21,6 +21,7 @@ Ownership: a GraphCapture belongs to one ModelRunner; scheduler thread only.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from typing import Protocol
 
@@ -55,8 +56,18 @@ class GraphCapture:
                 fn()
         current.wait_stream(self.stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
-            out = fn()
+        # NOTE: no garbage collection while capturing: a collected CUDAGraph (an earlier runner's,
+        # freed with a reference cycle) resets itself, which is not permitted while a stream
+        # captures: the capture is invalidated and cuBLAS fails inside it (seen on an H100 with a
+        # draft runner built after a freed one).
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+                out = fn()
+        finally:
+            if collecting:
+                gc.enable()
         torch.cuda.synchronize(self.device)
         self.pool_bytes += max(0, torch.cuda.memory_reserved(self.device) - reserved)
         return graph, out
