@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer prompts and steps")
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--tpot-tokens", type=int, default=32)
+    parser.add_argument("--tpot-tokens", type=int, default=128)
     parser.add_argument("--batch-sizes", default="1,16")
     parser.add_argument("--sections", default="compile,masks,e2e,backends")
     parser.add_argument("--repeats", type=int, default=2, help="e2e runs per system (best kept)")

@@ -33,8 +33,8 @@ def bench_tpot(
     out: dict[str, Any] = {}
     for bs in batch_sizes:
         prompts = W.extraction_prompts(bs)
-        for params in modes.values():
-            timed(engine, prompts, {**params, "max_new_tokens": 2})  # warm: prefix + grammar
+        for params in modes.values():  # warm: the prefix, the grammar and its lexer states
+            timed(engine, prompts, {**params, "max_new_tokens": new_tokens})
         steps: dict[str, list[float]] = {name: [] for name in modes}
         for rep in range(repeats):
             for name in list(modes)[:: 1 if rep % 2 == 0 else -1]:
