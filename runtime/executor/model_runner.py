@@ -157,8 +157,9 @@ class ModelRunner:
 
             select_moe_kernel_configs(self.model, self.dtype)  # no-op without MoE layers
         self.graphs = None
-        # NOTE: the target of a draft head runs every forward with its hidden-state capture,
-        # eagerly (`set_hidden_capture`): decode graphs would never replay
+        # NOTE: the target of a draft head runs every forward with its hidden-state capture
+        # (`set_hidden_capture`): decode graphs would never replay; its verify graphs are
+        # captured with the capture on, once the head sets it (draft_setup.py)
         head_target = args.speculative_algorithm in ("EAGLE", "EAGLE3")
         if self.device.type == "cuda" and not args.disable_cuda_graph and not head_target:
             from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
@@ -321,13 +322,11 @@ class ModelRunner:
         batch replays a decode CUDA graph and a verify batch (`tree_mask`) a verify graph where
         one fits (executor/verify_graphs.py), anything else runs eager."""
         capturing = getattr(self.model, "capture", None) is not None
-        if capturing:  # NOTE: a draft head's hidden-state capture: eager
-            pass
-        elif batch.tree_mask is not None:  # a speculative verify step: its graph, if one fits
+        if batch.tree_mask is not None:  # a speculative verify step: its graph, if one fits
             if self.verify_graphs is not None and self.verify_graphs.can_run(batch):
                 return self.verify_graphs.replay(batch)
-        elif self.graphs is not None and self.graphs.can_run(batch):
-            return self.graphs.replay(batch)
+        elif self.graphs is not None and not capturing and self.graphs.can_run(batch):
+            return self.graphs.replay(batch)  # NOTE: a draft head's target decodes eager
         self.attn.init_forward_metadata(batch)
         return self.model(batch, self.attn)
 

@@ -25,6 +25,11 @@ mask, so it reads nothing and outputs zeros. Every graph copies its output rows 
 buffer (`output`, the largest graph's rows), and the rows of the real nodes are returned from it
 in the batch's own [B * n] order (a copy only when n < nodes).
 
+A draft head's target (EAGLE / EAGLE3: `ModelRunner.set_hidden_capture`) verifies through graphs
+captured with its capture on: each graph also copies the captured layers' rows into one static
+buffer (`features`), and a replay hands their real rows to `take_hidden` as the eager forward
+would. Graphs serve only the capture they were captured with (`can_run`).
+
 Ownership: belongs to the ModelRunner; the static buffers and outputs are overwritten by every
 replay (and the pool is shared with the decode graphs): callers consume the returned tensor
 before the next forward.
@@ -162,6 +167,9 @@ class VerifyGraphRunner:
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}
         self.batches: dict[tuple[int, int], ForwardBatch] = {}
         self.output: torch.Tensor | None = None  # every graph's output rows (`_forward`)
+        # A draft head's target: the layers its graphs capture, and their rows (`_forward`)
+        self.capture_layers: tuple[int, ...] | None = getattr(model, "capture", None)
+        self.features: torch.Tensor | None = None
         self.replays = 0
         attn.init_verify_graph_state(self.max_bs, self.node_counts)
         self._capture_all()
@@ -169,7 +177,9 @@ class VerifyGraphRunner:
     @property
     def static_bytes(self) -> int:
         """Device memory the graphs hold outside their pool: static inputs and the output."""
-        out = 0 if self.output is None else self.output.numel() * self.output.element_size()
+        out = sum(
+            t.numel() * t.element_size() for t in (self.output, self.features) if t is not None
+        )
         return self.inputs.nbytes + out
 
     @property
@@ -187,6 +197,8 @@ class VerifyGraphRunner:
             self.attn.prepare_capture(key[0], batch)
             graph, out = self.capture.capture(lambda batch=batch: self._forward(batch))
             self.graphs[key], self.outputs[key], self.batches[key] = graph, out, batch
+        if self.capture_layers is not None:
+            self.model.captured = None  # NOTE: the padding capture's rows are nobody's
         logger.info(
             "captured CUDA graphs for verify steps (nodes: batch sizes) %s; static inputs and "
             "output %.1f MB; graph pool (with decode's) %.1f MB",
@@ -199,9 +211,14 @@ class VerifyGraphRunner:
         NOTE: so the graphs share one output ([max rows, H]) instead of keeping one each (with
         B x N rows per graph, that sum would be ~10x the largest graph's output)."""
         out = self.model(batch, self.attn)
+        rows = self.max_bs * self.node_counts[-1]
         if self.output is None:
-            rows = self.max_bs * self.node_counts[-1]
             self.output = out.new_empty(rows, *out.shape[1:])
+        if self.capture_layers is not None:  # the captured layers' rows, into `features` too
+            feats = self.model.captured
+            if self.features is None:
+                self.features = feats.new_empty(rows, feats.shape[1])
+            self.features[: feats.shape[0]].copy_(feats)
         return self.output[: out.shape[0]].copy_(out)
 
     def key(self, bs: int, nodes: int) -> tuple[int, int] | None:
@@ -215,10 +232,12 @@ class VerifyGraphRunner:
         return None if j == len(sizes) else (sizes[j], width)
 
     def can_run(self, batch: ForwardBatch) -> bool:
-        """A verify batch of every row's output (no features) that some graph fits."""
+        """A verify batch of every row's output (no features) that some graph fits, with the
+        model's hidden-state capture the graphs were captured with."""
         mask = batch.tree_mask
         return (
             mask is not None
+            and getattr(self.model, "capture", None) == self.capture_layers
             and batch.logits_indices is None
             and batch.spec_features is None
             and batch.extend_prefix_lens is not None
@@ -237,6 +256,8 @@ class VerifyGraphRunner:
         self.attn.prepare_replay(self.batches[key])
         self.graphs[key].replay()
         self.replays += 1
+        if self.features is not None:  # NOTE: what the eager forward leaves for `take_hidden`
+            self.model.captured = real_rows(self.features[: key[0] * key[1]], bs, n, *key)
         return real_rows(self.outputs[key], bs, n, *key)
 
 
@@ -249,7 +270,8 @@ def build_verify_graphs(
     """`runner`'s verify graphs (`ModelRunner.capture_verify_graphs`): up to `max_bs` requests
     (None: its decode graphs' bound; never above its running requests), captured by `capture`
     (None: its decode graphs' capture and pool); None without decode graphs or `capture` (CPU,
-    --disable-cuda-graph, a draft head's target), with a backend that has no verify graphs, or
+    --disable-cuda-graph, a draft head's target before draft_setup.py captures its own), with a
+    backend that has no verify graphs, or
     when the capture fails (logged as a warning: the step stays exact, eager)."""
     graphs = runner.graphs
     if capture is None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from radixlm.kernels.verify_attention import MAX_TREE_NODES
 from radixlm.runtime.distributed.state import single_rank
 from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.models.default_model import ModelNotFoundError
@@ -136,4 +137,27 @@ def build_draft_proposer(args: ServerArgs, target: ModelRunner) -> DraftModelPro
         ) from err
     if eagle:
         target.set_hidden_capture(runner.model.capture_layers(target.config.num_hidden_layers))
+        capture_head_target_graphs(args, target, shape.num_nodes, graph_bs)
     return DraftModelProposer(runner, shape, eagle)
+
+
+def capture_head_target_graphs(
+    args: ServerArgs, target: ModelRunner, nodes: int, max_bs: int
+) -> None:
+    """A draft head's target verifies through CUDA graphs captured with its hidden-state capture
+    on (executor/verify_graphs.py), up to `max_bs` requests of `nodes` nodes, in a graph pool of
+    its own (it has no decode graphs: its decode steps run eager). Only on a GPU with
+    `--speculative-verify-cuda-graph` and at tp_size 1: at tp_size > 1 the capture reaches the
+    other ranks as a lock-step message after their construction, and every rank must capture
+    alike, so the verify steps stay eager there."""
+    if (
+        target.device.type != "cuda"
+        or args.disable_cuda_graph
+        or not args.speculative_verify_cuda_graph
+        or args.tp_size > 1
+        or nodes > MAX_TREE_NODES
+    ):
+        return
+    from radixlm.runtime.executor.graph_capture import GraphCapture
+
+    target.capture_verify_graphs([nodes], max_bs, GraphCapture(target.device))

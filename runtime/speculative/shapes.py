@@ -24,9 +24,9 @@ def draft_shape(args: ServerArgs) -> DraftShape:
 
 def verify_graph_nodes(args: ServerArgs) -> int | None:
     """N, the nodes per request of every verify step the proposer of `args` can produce (its
-    `num_nodes`), for the target's verify CUDA graphs (executor/verify_graphs.py); None when
-    speculation is off or the target runs a draft head's hidden-state capture (EAGLE / EAGLE3:
-    its forwards run eager)."""
+    `num_nodes`), for the target's verify CUDA graphs (executor/verify_graphs.py) captured at its
+    construction; None when speculation is off, and for a draft head's target (EAGLE / EAGLE3),
+    whose verify graphs need the head's hidden-state capture on: draft_setup.py captures them."""
     algo = args.speculative_algorithm
     nodes = None
     if algo == "NGRAM":

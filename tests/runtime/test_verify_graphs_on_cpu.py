@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from rerun_capture import RerunCapture, RerunGraph
 
 from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.executor.forward_batch import ForwardBatch
@@ -35,27 +36,6 @@ from radixlm.runtime.speculative.tree import alloc_draft_slots, build_tree, veri
 
 # NOTE: on CPU the triton backend runs in the interpreter (tests/conftest.py sets it)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-class RerunGraph:
-    def __init__(self, fn: Callable[[], torch.Tensor], out: torch.Tensor) -> None:
-        self.fn, self.out = fn, out
-
-    def replay(self) -> None:
-        self.out.copy_(self.fn())  # NOTE: like a graph: the captured work into static memory
-
-
-class RerunCapture:
-    """A `Capture` for CPU: records the work (`fn`) and re-runs it on replay."""
-
-    def __init__(self) -> None:
-        self.pool_bytes = 0
-        self.calls = 0
-
-    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[RerunGraph, torch.Tensor]:
-        self.calls += 1
-        out = fn()
-        return RerunGraph(fn, out), out
 
 
 def _tree_batch(parents: list[list[int]], prefixes: list[int], slots: torch.Tensor) -> ForwardBatch:
@@ -183,12 +163,8 @@ def _runner() -> ModelRunner:
     return runner
 
 
-def test_verify_graph_equals_eager_in_the_model_runner() -> None:
-    """Triton attention (interpreter), tiny model: a 3 x 5 tree batch replays the (4, 6) graph
-    and a 2 x 6 batch the (2, 6) one; each gives the eager hidden states, and the padding lanes
-    write no KV slot but slot 0."""
-    runner = _runner()
-    assert runner.verify_graphs is None  # CPU: no graphs unless a capture is given
+def _verify_batches(runner: ModelRunner) -> list[ForwardBatch]:
+    """A 3 x 5 and a 2 x 6 tree batch over three requests with random prefix KV."""
     rng = random.Random(4)
     rows = [runner.req_to_token.alloc() for _ in range(3)]
     prefixes = [6, 11, 3]
@@ -203,15 +179,25 @@ def test_verify_graph_equals_eager_in_the_model_runner() -> None:
         ([[-1, 0, 1, 1, -1], [-1, 0, 0, 2, 3], [-1, -1, -1, -1, -1]], prefixes),
         ([[-1, 0, 1, 2, 3, 4], [-1, 0, 0, 1, 1, 2]], prefixes[:2]),
     ]
-    batches, eager = [], []
+    batches = []
     for parents, pre in cases:
         counts = [1 + sum(p >= 0 for p in row[1:]) for row in parents]
         loc = alloc_draft_slots(pool.allocator, counts, len(parents[0]))
         tree = build_tree(torch.tensor(parents), torch.tensor(pre), check=True)
         ids = torch.tensor([rng.randrange(3, 500) for _ in range(loc.numel())], device=DEVICE)
-        batch = verify_forward_batch(ids, torch.tensor(rows[: len(pre)]), pre, loc, tree)
-        batches.append(batch)
-        eager.append(runner.forward(batch).clone())
+        batches.append(verify_forward_batch(ids, torch.tensor(rows[: len(pre)]), pre, loc, tree))
+    return batches
+
+
+def test_verify_graph_equals_eager_in_the_model_runner() -> None:
+    """Triton attention (interpreter), tiny model: a 3 x 5 tree batch replays the (4, 6) graph
+    and a 2 x 6 batch the (2, 6) one; each gives the eager hidden states, and the padding lanes
+    write no KV slot but slot 0."""
+    runner = _runner()
+    assert runner.verify_graphs is None  # CPU: no graphs unless a capture is given
+    pool = runner.kv_pool
+    batches = _verify_batches(runner)
+    eager = [runner.forward(batch).clone() for batch in batches]
     capture = RerunCapture()
     runner.capture_verify_graphs([6], max_bs=4, capture=capture)
     graphs = runner.verify_graphs
@@ -234,6 +220,35 @@ def test_verify_graph_equals_eager_in_the_model_runner() -> None:
     ones = torch.ones(10, dtype=torch.int64, device=DEVICE)
     big = verify_forward_batch(ones, torch.zeros(5), [1] * 5, loc, tree)
     assert not graphs.can_run(big)
+
+
+def test_a_draft_heads_target_verifies_through_graphs_with_its_capture() -> None:
+    """EAGLE's target (the hidden-state capture on): graphs captured with the capture give the
+    eager forward's hidden states and captured rows (`take_hidden`, padded shapes cut to the real
+    nodes); with another capture (or none) the graphs do not run."""
+    runner = _runner()
+    layers = (1, len(runner.model.layers))
+    runner.set_hidden_capture(layers)
+    batches = _verify_batches(runner)
+    eager = []
+    for batch in batches:
+        hidden = runner.forward(batch).clone()
+        eager.append((hidden, runner.take_hidden()))
+    runner.capture_verify_graphs([6], max_bs=4, capture=RerunCapture())
+    graphs = runner.verify_graphs
+    assert graphs is not None and graphs.capture_layers == layers
+    assert runner.take_hidden() is None  # the capture's padding rows are handed to nobody
+    for i, (batch, (hidden, captured)) in enumerate(zip(batches, eager)):
+        assert graphs.can_run(batch)
+        torch.testing.assert_close(runner.forward(batch), hidden, rtol=1e-4, atol=1e-4)
+        got = runner.take_hidden()
+        assert got is not None and got.shape == captured.shape
+        torch.testing.assert_close(got, captured, rtol=1e-4, atol=1e-4)
+        assert runner.verify_graph_replays == i + 1
+    runner.set_hidden_capture((0,))
+    assert not graphs.can_run(batches[0])
+    runner.set_hidden_capture(None)
+    assert not graphs.can_run(batches[0])
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from rerun_capture import RerunCapture
 from speculative.spec_loop import extend_batch
 from speculative.test_spec_scheduler import (
     VOCAB,
@@ -94,6 +95,24 @@ def test_greedy_outputs_equal_plain_decoding(paths, plain, algo, draft, flags) -
     _draft_idle(s)
     if fed is not None:
         _check_features(s, fed, outs)
+
+
+def test_a_head_verifies_through_graphs_with_the_targets_capture(paths) -> None:
+    """EAGLE's verify steps replaying verify graphs captured with the target's hidden-state
+    capture on (a re-running capture on CPU, the triton backend in the interpreter): the plain
+    tokens, and the head fed the target's own features, from graph replays."""
+    opts = {"attention_backend": "triton", "dtype": "float32", "max_running_requests": 4}
+    want = ids_of(run(make_scheduler(paths, **opts)))
+    s = make_scheduler(paths, "EAGLE", speculative_algorithm="EAGLE", speculative_eagle_topk=2,
+                       **opts)  # fmt: skip
+    s.runner.model.cpu_decode = None  # NOTE: the layer path, as on a GPU
+    s.runner.capture_verify_graphs([s.spec.proposer.num_nodes], 4, capture=RerunCapture())
+    fed = _record_features(s)
+    outs = ids_of(run(s))
+    assert outs == want
+    assert s.stats["spec_verify_graph_steps"] == s.runner.verify_graph_replays > 0
+    _draft_idle(s)
+    _check_features(s, fed, outs)
 
 
 def _record_features(s: Scheduler) -> dict[str, dict[int, torch.Tensor]]:
