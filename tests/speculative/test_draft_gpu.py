@@ -83,6 +83,20 @@ def test_scheduler_on_gpu(paths, algo, draft, flags) -> None:
     assert s.stats["spec_draft_tokens"] > 0 and replays[0] > 0
 
 
+@pytest.mark.parametrize("algo", ["EAGLE", "EAGLE3"])
+def test_head_target_verifies_through_graphs_on_gpu(paths, algo) -> None:
+    """A head's target captures its verify graphs with the hidden-state capture on (draft_setup):
+    the plain tokens, with verify steps replaying them."""
+    opts = {"device": "cuda", "dtype": "float32", "cuda_graph_max_bs": 8}
+    plain = ids_of(run(make_scheduler(paths, **opts)))
+    s = make_scheduler(paths, algo, speculative_algorithm=algo, speculative_eagle_topk=2,
+                       speculative_verify_cuda_graph=True, **opts)  # fmt: skip
+    graphs = s.runner.verify_graphs
+    assert graphs is not None and graphs.capture_layers is not None
+    assert ids_of(run(s)) == plain
+    assert s.stats["spec_verify_graph_steps"] == s.runner.verify_graph_replays > 0
+
+
 def _verify_scheduler(graphs: bool, spec: bool) -> Scheduler:
     """tiny-qwen2 on the device, fp32, the target built for NGRAM with 6 nodes (its verify
     graphs: batch sizes 1..8 x 6 nodes) or --disable-cuda-graph; `spec`: speculation on."""
