@@ -229,6 +229,7 @@ def print_backends(r: dict[str, Any]) -> None:
         ("first mask of a request p50 / p99 (µs)", lambda b: _pp(b["mask_first_us"], 1)),
         ("valid walks / finished", lambda b: f"{b['walks_valid']} / {b['walks_finished']}"),
         ("TPOT overhead at batch 16", lambda b: _overhead(b.get("tpot"))),
+        ("mask work per step at batch 16", lambda b: _mask_share(b.get("tpot"))),
     ]  # fmt: skip
     print(f"\n== grammar backends ({r['corpus_size']} specs) ==")
     print(f"{'':42s}" + "".join(f"{b:>24s}" for b in BACKENDS if b in r))
@@ -245,3 +246,13 @@ def _overhead(tpot: dict[str, Any] | None) -> str:
         return "-"
     key = next((k for k in tpot if k.startswith("overhead_b") and not k.endswith("_pairs")), None)
     return "-" if key is None else f"{100 * tpot[key]:+.1f} %"
+
+
+def _mask_share(tpot: dict[str, Any] | None) -> str:
+    """The scheduler's own time in grammar masks per constrained step, and its share of the
+    unconstrained step."""
+    key = next((k for k in tpot or {} if k.endswith("_mask_ms")), None)
+    if key is None:
+        return "-"
+    plain = tpot[key.replace("constrained", "unconstrained").replace("_mask_ms", "_ms")]
+    return f"{tpot[key]:.3f} ms = {100 * tpot[key] / plain:.1f} %"

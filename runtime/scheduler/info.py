@@ -106,6 +106,9 @@ class SchedulerInfo:
             **self.stats,
             "jump_forward": self.grammars.stats["jumps"],
             "jump_forward_tokens": self.grammars.stats["jump_tokens"],
+            # grammar masks: seconds filling and checking them, rows filled (batch_mask.py)
+            "grammar_mask_seconds": self.grammars.stats["mask_s"],
+            "grammar_mask_rows": self.grammars.stats["mask_rows"],
         }
 
     def control(self, msg: io.ControlReq) -> io.ControlResp:
