@@ -113,10 +113,9 @@ class ServerArgs:
     # Verify every draft (within the CPU row budget) instead of the cost-aware choice of what
     # pays (runtime/speculative/gate.py): tests and acceptance measurements. radixlm's own flag.
     speculative_verify_all: bool = False
-    # Replay the verify step from CUDA graphs (runtime/executor/verify_graphs.py). radixlm's own
-    # flag, off until the graphs' GPU tests (tests/gpu, tests/speculative/test_draft_gpu.py) have
-    # passed on a device: without it the verify forward runs eager (decode graphs stay on).
-    speculative_verify_cuda_graph: bool = False
+    # Run the speculative verify step eager instead of replaying its CUDA graphs
+    # (runtime/executor/verify_graphs.py; decode graphs stay on). radixlm's own flag.
+    disable_speculative_verify_cuda_graph: bool = False
 
     def __post_init__(self) -> None:
         if self.load_format not in LOAD_FORMATS:

@@ -174,7 +174,7 @@ class ModelRunner:
         if (
             self.graphs is not None
             and verify_nodes is not None
-            and args.speculative_verify_cuda_graph
+            and not args.disable_speculative_verify_cuda_graph
         ):
             self.capture_verify_graphs([verify_nodes])
         if self.device.type == "cuda":

@@ -146,14 +146,14 @@ def capture_head_target_graphs(
 ) -> None:
     """A draft head's target verifies through CUDA graphs captured with its hidden-state capture
     on (executor/verify_graphs.py), up to `max_bs` requests of `nodes` nodes, in a graph pool of
-    its own (it has no decode graphs: its decode steps run eager). Only on a GPU with
-    `--speculative-verify-cuda-graph` and at tp_size 1: at tp_size > 1 the capture reaches the
+    its own (it has no decode graphs: its decode steps run eager). Only on a GPU, without
+    `--disable-speculative-verify-cuda-graph`, and at tp_size 1: at tp_size > 1 the capture reaches the
     other ranks as a lock-step message after their construction, and every rank must capture
     alike, so the verify steps stay eager there."""
     if (
         target.device.type != "cuda"
         or args.disable_cuda_graph
-        or not args.speculative_verify_cuda_graph
+        or args.disable_speculative_verify_cuda_graph
         or args.tp_size > 1
         or nodes > MAX_TREE_NODES
     ):

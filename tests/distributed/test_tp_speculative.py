@@ -92,7 +92,6 @@ def test_nccl_tp2_speculation(tmp_path) -> None:
         ref = run_workload(engine)
     finally:
         engine.shutdown()
-    gpu["speculative_verify_cuda_graph"] = True
     got = run_spec_engine(gpu, speculative_algorithm="NGRAM")
     check_same(ref, got, 2)
     check_speculated(got)

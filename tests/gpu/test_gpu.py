@@ -104,8 +104,7 @@ def test_first_batches_after_start_up_compile_nothing(tmp_path, monkeypatch):
 
 
 SPEC_BATCH = [[1, 5, 9, 5, 9, 5, 9, 5, 9], [1, 7, 7, 7, 7], [1, 2, 4], [1, 3, 3, 3, 3, 3, 8]]
-NGRAM = {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 6,
-         "speculative_verify_cuda_graph": True}  # fmt: skip
+NGRAM = {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 6}
 
 
 @pytest.mark.parametrize("bs", [1, 4])

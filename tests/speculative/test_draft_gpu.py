@@ -89,8 +89,7 @@ def test_head_target_verifies_through_graphs_on_gpu(paths, algo) -> None:
     the plain tokens, with verify steps replaying them."""
     opts = {"device": "cuda", "dtype": "float32", "cuda_graph_max_bs": 8}
     plain = ids_of(run(make_scheduler(paths, **opts)))
-    s = make_scheduler(paths, algo, speculative_algorithm=algo, speculative_eagle_topk=2,
-                       speculative_verify_cuda_graph=True, **opts)  # fmt: skip
+    s = make_scheduler(paths, algo, speculative_algorithm=algo, speculative_eagle_topk=2, **opts)
     graphs = s.runner.verify_graphs
     assert graphs is not None and graphs.capture_layers is not None
     assert ids_of(run(s)) == plain
@@ -100,11 +99,7 @@ def test_head_target_verifies_through_graphs_on_gpu(paths, algo) -> None:
 def _verify_scheduler(graphs: bool, spec: bool) -> Scheduler:
     """tiny-qwen2 on the device, fp32, the target built for NGRAM with 6 nodes (its verify
     graphs: batch sizes 1..8 x 6 nodes) or --disable-cuda-graph; `spec`: speculation on."""
-    flags = (
-        {"cuda_graph_max_bs": 8, "speculative_verify_cuda_graph": True}
-        if graphs
-        else {"disable_cuda_graph": True}
-    )
+    flags = {"cuda_graph_max_bs": 8} if graphs else {"disable_cuda_graph": True}
     args = ServerArgs(
         model_path="tiny-qwen2", load_format="dummy", device="cuda", dtype="float32",
         skip_tokenizer_init=True, random_seed=0, max_total_tokens=2048, max_running_requests=8,
