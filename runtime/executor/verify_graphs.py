@@ -176,7 +176,8 @@ class VerifyGraphRunner:
 
     @property
     def static_bytes(self) -> int:
-        """Device memory the graphs hold outside their pool: static inputs and the output."""
+        """Device memory the graphs hold outside their pool: static inputs, the output rows and
+        (a head's target) the captured rows."""
         out = sum(
             t.numel() * t.element_size() for t in (self.output, self.features) if t is not None
         )
