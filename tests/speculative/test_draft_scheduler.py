@@ -47,8 +47,8 @@ def make_scheduler(
     return s
 
 
-def run(s: Scheduler) -> dict[str, Any]:
-    for rid, ids, max_new in REQS:
+def run(s: Scheduler, reqs: list = REQS) -> dict[str, Any]:
+    for rid, ids, max_new in reqs:
         s.handle(gen(rid, ids, max_new_tokens=max_new))
     return run_all(s)
 
@@ -102,17 +102,18 @@ def test_a_head_verifies_through_graphs_with_the_targets_capture(paths) -> None:
     capture on (a re-running capture on CPU, the triton backend in the interpreter): the plain
     tokens, and the head fed the target's own features, from graph replays."""
     opts = {"attention_backend": "triton", "dtype": "float32", "max_running_requests": 4}
-    want = ids_of(run(make_scheduler(paths, **opts)))
+    reqs = REQS[1:3]  # NOTE: two requests of different lengths: the interpreter is slow
+    want = ids_of(run(make_scheduler(paths, **opts), reqs))
     s = make_scheduler(paths, "EAGLE", speculative_algorithm="EAGLE", speculative_eagle_topk=2,
                        **opts)  # fmt: skip
     s.runner.model.cpu_decode = None  # NOTE: the layer path, as on a GPU
     s.runner.capture_verify_graphs([s.spec.proposer.num_nodes], 4, capture=RerunCapture())
     fed = _record_features(s)
-    outs = ids_of(run(s))
+    outs = ids_of(run(s, reqs))
     assert outs == want
     assert s.stats["spec_verify_graph_steps"] == s.runner.verify_graph_replays > 0
     _draft_idle(s)
-    _check_features(s, fed, outs)
+    _check_features(s, fed, outs, reqs)
 
 
 def _record_features(s: Scheduler) -> dict[str, dict[int, torch.Tensor]]:
@@ -129,10 +130,10 @@ def _record_features(s: Scheduler) -> dict[str, dict[int, torch.Tensor]]:
     return fed
 
 
-def _check_features(s: Scheduler, fed: dict, outs: dict[str, list[int]]) -> None:
+def _check_features(s: Scheduler, fed: dict, outs: dict[str, list[int]], reqs: list = REQS) -> None:
     """Each fed feature is the target's own hidden state (the captured layers) at its position
     in the final sequence: prefill rows, verify rows on accepted paths, plain decode rows."""
-    for rid, ids, _ in REQS:
+    for rid, ids, _ in reqs:
         seq = ids + outs[rid]
         row = s.runner.req_to_token.alloc()
         slots = s.runner.kv_pool.allocator.alloc(len(seq))
