@@ -5,8 +5,10 @@ Batch 1: the bytes of the 8 active experts (gate_up + down) over the run's copy 
 the config start-up picks (the sorting-free GEMV path or the sorted grouped GEMM), timed eagerly
 (`us`, launch gaps included) and replayed from a CUDA graph as decode runs it (`graph_us`,
 `graph_bw_frac`); up to T * k = 128 pairs also the other path's best (`other_path_graph_us`).
-Large batch (4096 tokens, every expert busy): FLOPs 2 * T * k * 3 * H * I over the run's sustained
-GEMM rate (a cuBLAS bf16 matmul of the same run). Each timed as the median of CUDA-event runs.
+Large batch (4096 tokens, and 8192: a GPU prefill chunk; every expert busy): FLOPs
+2 * T * k * 3 * H * I over the run's sustained GEMM rate (a cuBLAS bf16 matmul of the same run).
+`graph_roofline_frac`: the larger of the two bounds (weight bytes, FLOPs) over the replayed time:
+at 4096 tokens of Qwen3-30B-A3B the two are about equal. Each timed as the median of CUDA-event runs.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def section_moe(args: argparse.Namespace, results: dict[str, Any]) -> None:
     bw = results.setdefault("copy_bandwidth_gbs", copy_bandwidth_gbs())
     tflops = _gemm_tflops()
     out: dict[str, Any] = {"model": model, "gemm_tflops": round(tflops, 1)}
-    for tokens in (1, 4, 8, 16, 64, 512, 4096):
+    for tokens in (1, 4, 8, 16, 64, 512, 4096, 8192):
         x = torch.randn(tokens, h, device="cuda", dtype=dt)
         weights, ids = route(torch.randn(tokens, e, device="cuda"), k, True, dt)
         kcfg = select_moe_config(h, i, e, k, tokens, dt)
@@ -101,6 +103,8 @@ def section_moe(args: argparse.Namespace, results: dict[str, Any]) -> None:
             "graph_bw_frac": round(bytes_read / (graph_ms * 1e-3) / 1e9 / bw, 3),
             "flops_frac": round(flops / (ms * 1e-3) / 1e12 / tflops, 3),
         }
+        row["graph_flops_frac"] = round(flops / (graph_ms * 1e-3) / 1e12 / tflops, 3)
+        row["graph_roofline_frac"] = max(row["graph_bw_frac"], row["graph_flops_frac"])
         if tokens * k <= GEMV_MAX_PAIRS:  # the other path at its best, for comparison
             other = CANDIDATES if isinstance(kcfg, MoEGemvConfig) else GEMV_CANDIDATES
             row["other_path_graph_us"] = round(

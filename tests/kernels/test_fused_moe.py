@@ -11,19 +11,20 @@ from radixlm.kernels.fused_moe import (
     SMALL_PAIRS,
     MoEConfig,
     MoEGemvConfig,
-    align_pairs,
     fused_moe,
     moe_config,
 )
+from radixlm.kernels.moe_align import align_pairs, align_pairs_ref
 from radixlm.kernels.testing import assert_close
 from radixlm.runtime.models.moe import fused_moe_torch, route
 
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 
 
-def test_align_pairs_groups_by_expert_and_pads() -> None:
-    ids = torch.tensor([[2, 0], [2, 3], [0, 2]])
-    pairs, experts = align_pairs(ids, num_experts=5, block_m=4)
+@pytest.mark.parametrize("align", [align_pairs, align_pairs_ref], ids=["triton", "ref"])
+def test_align_pairs_groups_by_expert_and_pads(device, align) -> None:
+    ids = torch.tensor([[2, 0], [2, 3], [0, 2]], device=device)
+    pairs, experts = align(ids, num_experts=5, block_m=4)
     n = ids.numel()
     assert pairs.numel() % 4 == 0 and experts.numel() == pairs.numel() // 4
     flat = ids.reshape(-1)
@@ -37,6 +38,30 @@ def test_align_pairs_groups_by_expert_and_pads() -> None:
         assert real and all(int(flat[p]) == e for p in real)
         seen += real
     assert sorted(seen) == list(range(n))  # every pair exactly once
+
+
+@pytest.mark.parametrize(
+    ("tokens", "top_k", "experts", "block_m"),
+    [
+        (1, 1, 4, 16),
+        (7, 2, 6, 4),  # experts not a power of two
+        (300, 8, 128, 64),  # 10 chunks of pairs
+        (513, 4, 60, 16),
+        (2048, 8, 128, 64),  # MAX_CHUNKS chunks
+        (2100, 8, 128, 64),  # 33 chunks of two one-hot tiles each
+        (2100, 2, 8, 32),  # few experts: long one-hot tiles
+        (64, 8, 256, 16),  # many experts, most of them idle
+    ],
+)
+def test_align_pairs_kernel_equals_the_reference(device, tokens, top_k, experts, block_m) -> None:
+    """The Triton sort (counts, offsets, places per chunk) gives exactly the stable argsort's
+    order, padding and block experts, skewed routing included (a few experts take most pairs)."""
+    skewed = torch.randint(0, max(1, experts // 8), (tokens, top_k), device=device)
+    uniform = torch.randint(0, experts, (tokens, top_k), device=device)
+    for ids in (uniform, skewed, torch.where(uniform % 3 == 0, skewed, uniform)):
+        got = align_pairs(ids, experts, block_m)
+        want = align_pairs_ref(ids, experts, block_m)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 @pytest.mark.parametrize(
