@@ -308,6 +308,11 @@ def decode_attention_fwd(
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_buffer.shape[1]
     check_split_inputs(q, k_buffer, v_buffer, out, mid_o, mid_lse, req_to_token, k_scale, v_scale)
+    # NOTE: read as `SeqLens + b`: a stride-0 view (an expanded scalar) would read past its one
+    # element (garbage lengths, then KV slots out of the pool)
+    assert req_pool_indices.is_contiguous() and seq_lens.is_contiguous(), (
+        "per-row inputs: contiguous"
+    )
     num_splits = mid_o.shape[2]
     if batch == 0:
         return out

@@ -67,12 +67,14 @@ def expand_tree(
             table[rows[:, :, None], cols[:, None, :]] = src
         step_slots = slots[:, :, d - 1]
         table[rows, (base + d - 1)[:, None].expand(a, k)] = step_slots.to(torch.int32)
-        seq = (base + d)[:, None].expand(a, k).reshape(-1)
+        # NOTE: repeat_interleave, not expand + reshape: with one request that stays a stride-0
+        # view, and the kernels read these rows as contiguous (`SeqLens + b`)
+        seq = (base + d).repeat_interleave(k)
         batch = ForwardBatch(
             mode=ForwardMode.DECODE,
             batch_size=a * k,
             input_ids=frontier_tokens.reshape(-1),
-            positions=(frontier_pos + d)[:, None].expand(a, k).reshape(-1),
+            positions=(frontier_pos + d).repeat_interleave(k),
             out_cache_loc=step_slots.reshape(-1),
             req_pool_indices=rows.reshape(-1),
             seq_lens=seq,
