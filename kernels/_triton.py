@@ -99,6 +99,28 @@ def _pdl_supported(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
+@functools.cache
+def _tma_supported(device_index: int) -> bool:
+    import torch
+
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def tma_enabled(device: Any) -> bool:
+    """Load GEMM tiles through host-side TMA tensor descriptors on this device? True on CUDA
+    devices of compute capability >= 9 (Hopper) where Triton has `TensorDescriptor`, unless
+    RADIXLM_DISABLE_TMA=1. (The interpreter runs descriptors too: tests pass `tma` explicitly.)"""
+    if not HAS_TRITON or getattr(device, "type", None) != "cuda" or interpreting():
+        return False
+    if os.environ.get("RADIXLM_DISABLE_TMA", "0") not in ("", "0"):
+        return False
+    return _tma_supported(device.index if device.index is not None else 0)
+
+
 def pdl_enabled(device: Any) -> bool:
     """Launch kernels with programmatic dependent launch (PDL) on this device?
 

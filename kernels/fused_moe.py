@@ -9,9 +9,12 @@ sum_k topk_weights[t, k] * w2[e] @ (silu(w13[e, :I] @ x_t) * (w13[e, I:] @ x_t))
    every BLOCK_M block (-1 past the last group). The buffer has a worst-case length, so grids
    depend only on shapes.
 2. `_moe_gemm_kernel` with GATED=True: per (block, N tile) the gate and up tiles of one expert
-   against the block's token rows, `silu(gate) * up` in the epilogue -> `act [T*k, I]` (pair rows).
-3. The same kernel with GATED=False: `act @ w2[e]^T` times the pair's routing weight -> `[T*k, H]`,
-   then a sum over the k pairs of each token (torch).
+   against the block's token rows, `silu(gate) * up` in the epilogue -> `act [L, I]` (slot rows:
+   sorted, so each block's rows are contiguous).
+3. The same kernel with GATED=False: `act @ w2[e]^T` times the pair's routing weight -> `[T*k, H]`
+   (pair rows), then a sum over the k pairs of each token (torch).
+On Hopper the weight tiles (and down's act tiles) come through TMA tensor descriptors
+(`tma_enabled`); x's rows, gathered by token, through pointers.
 `fused_moe_ref` (runtime/models/moe.py: `fused_moe_torch`) is the reference; CPU runs that.
 A few tokens (decode) take the sorting-free GEMV path instead (fused_moe_gemv.py): the config's
 type picks the path (`MoEGemvConfig` vs `MoEConfig`).
@@ -27,7 +30,16 @@ from typing import NamedTuple
 
 import torch
 
-from radixlm.kernels._triton import cdiv, dot_flags, interpreting, jit, mma, require_triton, tl
+from radixlm.kernels._triton import (
+    cdiv,
+    dot_flags,
+    interpreting,
+    jit,
+    mma,
+    require_triton,
+    tl,
+    tma_enabled,
+)
 from radixlm.kernels.fused_moe_gemv import (
     GEMV_CANDIDATES,
     GEMV_INTERPRET_CONFIG,
@@ -39,16 +51,20 @@ from radixlm.kernels.moe_align import align_pairs
 
 
 class MoEConfig(NamedTuple):
+    """Tiles of the sorted path: gate_up's (block_n, block_k, num_warps, num_stages) and, in
+    `down`, the down GEMM's (None: the same); block_m (the pairs' padding) is shared."""
+
     block_m: int
     block_n: int
     block_k: int
     num_warps: int
     num_stages: int
+    down: tuple[int, int, int, int] | None = None
 
 
 # Candidates timed at start-up (GPU): small blocks for decode (few pairs per expert), large for
-# prefill. NOTE: (64, 256, 64, 8, 3) was the fastest of 20 configs for both GEMMs at 4096 tokens
-# of Qwen3-30B-A3B on an H100 (run 59, docs/benchmarks.md).
+# prefill. NOTE: the last was the fastest of those timed at 4096 and 8192 tokens of
+# Qwen3-30B-A3B on an H100 with TMA weight loads (run 62, docs/benchmarks.md).
 CANDIDATES = (
     MoEConfig(16, 64, 128, 4, 3),
     MoEConfig(16, 128, 128, 4, 3),
@@ -56,6 +72,7 @@ CANDIDATES = (
     MoEConfig(64, 128, 64, 4, 3),
     MoEConfig(128, 128, 64, 8, 3),
     MoEConfig(64, 256, 64, 8, 3),
+    MoEConfig(128, 128, 64, 8, 4, down=(256, 64, 8, 4)),
 )
 INTERPRET_CONFIG = MoEConfig(16, 16, 32, 4, 1)
 
@@ -87,61 +104,79 @@ def _moe_gemm_kernel(
     num_pairs,
     N,
     K,
+    rows_per_expert,
     stride_am,
-    stride_we,
     stride_wn,
     stride_om,
     TOP_K: tl.constexpr,
-    A_PER_TOKEN: tl.constexpr,
     GATED: tl.constexpr,
-    WEIGHTED: tl.constexpr,
+    TMA: tl.constexpr,
+    A_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PREC: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    """Out[pair, n] for the BLOCK_M pairs of one block (one expert) and one N tile. A rows: the
-    pair's token (A_PER_TOKEN: x) or the pair itself (act).
+    """One block of BLOCK_M slots (one expert's pairs) x one N tile.
+    GATED (gate_up): A = x, row = the pair's token; `silu(gate) * up` -> Out (act) at the slot.
+    else (down): A = act, row = the slot; times the pair's routing weight -> Out at the pair.
+    W: the expert weights `[E * rows_per_expert, K]` (gate rows, then up rows N below them), a
+    TMA tensor descriptor of [BLOCK_N, BLOCK_K] tiles when TMA, else a pointer; A_TMA (TMA and
+    down): A (contiguous slots) is a descriptor of [BLOCK_M, BLOCK_K] tiles too.
 
     # NOTE: the N tiles of a block are consecutive programs, so they run together and read the
     # block's A rows from L2 once; the blocks of one expert are neighbours too and share its weight
     # tiles. With the block index fastest, the down GEMM re-read all of `act` (50 MB at 4096
     # tokens of Qwen3-30B-A3B, more than L2) from HBM once per N tile.
+    # NOTE: a TMA tile past an expert's N rows reads the next expert's rows (or zeros past the
+    # last): they only reach output columns >= N, which are never stored. gate_up writes zeros
+    # into its blocks' padding slots, which the down GEMM reads with TMA (into padding rows).
     """
     pid = tl.program_id(0)
     n_tiles = tl.cdiv(N, BLOCK_N)
     pid_m = pid // n_tiles
     pid_n = pid % n_tiles
-    e = tl.load(BlockExpert + pid_m).to(tl.int64)
+    e = tl.load(BlockExpert + pid_m)
     if e >= 0:
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         pairs = tl.load(SortedPairs + offs_m)
         valid = pairs < num_pairs
-        rows = pairs
-        if A_PER_TOKEN:  # x: the pair's token row
+        rows = offs_m
+        if GATED:  # x: the pair's token row
             rows = pairs // TOP_K
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         mask_n = offs_n < N
         offs_k = tl.arange(0, BLOCK_K)
-        a_ptrs = A + rows[:, None].to(tl.int64) * stride_am + offs_k[None, :]
-        w_base = W + e * stride_we + offs_k[:, None]
-        w_ptrs = w_base + offs_n[None, :].to(tl.int64) * stride_wn
+        w_row = e.to(tl.int64) * rows_per_expert + pid_n * BLOCK_N
+        if not A_TMA:
+            a_ptrs = A + rows[:, None].to(tl.int64) * stride_am + offs_k[None, :]
+        if not TMA:
+            cols = tl.arange(0, BLOCK_N)[None, :].to(tl.int64)  # the tile's weight rows
+            w_ptrs = W + (w_row + cols) * stride_wn + offs_k[:, None]
+            u_ptrs = w_ptrs + N * stride_wn  # GATED: the up rows
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        if GATED:  # the up rows sit N rows below the gate rows
-            u_ptrs = w_base + (offs_n + N)[None, :].to(tl.int64) * stride_wn
-            acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             mask_k = offs_k < K - k0
-            a = tl.load(a_ptrs, mask=valid[:, None] & mask_k[None, :], other=0.0)
-            w = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+            if A_TMA:
+                a = A.load([pid_m * BLOCK_M, k0])
+            else:
+                a = tl.load(a_ptrs, mask=valid[:, None] & mask_k[None, :], other=0.0)
+                a_ptrs += BLOCK_K
+            if TMA:
+                w = tl.trans(W.load([w_row.to(tl.int32), k0]))
+            else:
+                w = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+                w_ptrs += BLOCK_K
             acc += mma(a, w, PREC, UPCAST)
             if GATED:
-                u = tl.load(u_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+                if TMA:
+                    u = tl.trans(W.load([(w_row + N).to(tl.int32), k0]))
+                else:
+                    u = tl.load(u_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+                    u_ptrs += BLOCK_K
                 acc_u += mma(a, u, PREC, UPCAST)
-                u_ptrs += BLOCK_K
-            a_ptrs += BLOCK_K
-            w_ptrs += BLOCK_K
         out_ty = Out.dtype.element_ty
         if GATED:  # silu(gate) * up, rounded like the torch expression in the output dtype
             g = acc.to(out_ty).to(tl.float32)
@@ -149,14 +184,62 @@ def _moe_gemm_kernel(
             # torch multiply does (and the interpreter cannot multiply bf16 itself).
             act = (g / (1.0 + tl.exp(-g))).to(out_ty).to(tl.float32)
             res = (act * acc_u.to(out_ty).to(tl.float32)).to(out_ty)
+            out_rows = offs_m
+            keep = offs_m >= 0  # NOTE: padding slots too (zeros: their A rows were masked)
         else:
-            res = acc
-            if WEIGHTED:
-                wt = tl.load(TopkWeights + pairs, mask=valid, other=0.0).to(tl.float32)
-                res = res.to(out_ty).to(tl.float32) * wt[:, None]
-            res = res.to(out_ty)
-        o_ptrs = Out + pairs[:, None].to(tl.int64) * stride_om + offs_n[None, :]
-        tl.store(o_ptrs, res, mask=valid[:, None] & mask_n[None, :])
+            wt = tl.load(TopkWeights + pairs, mask=valid, other=0.0).to(tl.float32)
+            res = (acc.to(out_ty).to(tl.float32) * wt[:, None]).to(out_ty)
+            out_rows = pairs
+            keep = valid
+        o_ptrs = Out + out_rows[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+        tl.store(o_ptrs, res, mask=keep[:, None] & mask_n[None, :])
+
+
+def _tiles(cfg: MoEConfig, gated: bool) -> tuple[int, int, int, int]:
+    """(block_n, block_k, num_warps, num_stages) of one GEMM."""
+    if gated or cfg.down is None:
+        return cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages
+    return cfg.down
+
+
+def _gemm(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    out: torch.Tensor,
+    routing: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    cfg: MoEConfig,
+    top_k: int,
+    gated: bool,
+    tma: bool,
+) -> None:
+    """One grouped GEMM (see `_moe_gemm_kernel`) of `a` against the experts' `w` `[E, R, K]`."""
+    sorted_pairs, block_expert, weights = routing
+    experts, rows, k = w.shape
+    n = rows // 2 if gated else rows
+    block_n, block_k, warps, stages = _tiles(cfg, gated)
+    w2d = w.view(experts * rows, k)
+    if tma:  # NOTE: host-side descriptors: passed by value, so a CUDA graph keeps them
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        w_arg = TensorDescriptor.from_tensor(w2d, [block_n, block_k])
+        a_arg = a if gated else TensorDescriptor.from_tensor(a, [cfg.block_m, block_k])
+    else:
+        w_arg, a_arg = w2d, a
+    grid = (block_expert.numel() * cdiv(n, block_n),)
+    _moe_gemm_kernel[grid](
+        *(a_arg, w_arg, out, sorted_pairs, block_expert, weights, weights.numel(), n, k, rows),
+        *(a.stride(0), k, out.stride(0)),
+        TOP_K=top_k,
+        GATED=gated,
+        TMA=tma,
+        A_TMA=tma and not gated,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        num_warps=warps,
+        num_stages=stages,
+        **dot_flags(a.dtype),
+    )
 
 
 def fused_moe(
@@ -166,51 +249,31 @@ def fused_moe(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     config: MoEConfig | MoEGemvConfig | None = None,
+    tma: bool | None = None,
 ) -> torch.Tensor:
-    """Triton fused MoE (see the module docstring); same math as `fused_moe_torch`."""
+    """Triton fused MoE (see the module docstring); same math as `fused_moe_torch`. `tma`: load
+    the weight tiles (and down's A) through tensor descriptors; None: where the device has TMA."""
     require_triton()
     t, h = x.shape
     e, two_i, _ = w13.shape
-    inter = two_i // 2
     k = topk_ids.shape[1]
     n = t * k
     if n == 0:
         return torch.zeros_like(x)
     cfg = config or moe_config(n)
-    assert x.stride(1) == 1 and w13.stride(2) == 1 and w2.stride(2) == 1
+    assert x.stride(1) == 1 and w13.is_contiguous() and w2.is_contiguous()
     if isinstance(cfg, MoEGemvConfig):
         return fused_moe_gemv(x, w13, w2, topk_weights, topk_ids, cfg)
+    if tma is None:  # NOTE: a descriptor's row stride must be a multiple of 16 bytes
+        tma = tma_enabled(x.device) and (h * x.element_size()) % 16 == 0
+        tma = tma and (two_i // 2 * x.element_size()) % 16 == 0
     sorted_pairs, block_expert = align_pairs(topk_ids, e, cfg.block_m)
-    blocks = block_expert.numel()
-    act = torch.empty(n, inter, dtype=x.dtype, device=x.device)
-    flags = dot_flags(x.dtype)
-    common = {
-        "TOP_K": k,
-        "BLOCK_M": cfg.block_m,
-        "BLOCK_N": cfg.block_n,
-        "BLOCK_K": cfg.block_k,
-        "num_warps": cfg.num_warps,
-        "num_stages": cfg.num_stages,
-        **flags,
-    }
-    _moe_gemm_kernel[(blocks * cdiv(inter, cfg.block_n),)](
-        *(x, w13, act, sorted_pairs, block_expert, topk_weights, n, inter, h),
-        *(x.stride(0), w13.stride(0), w13.stride(1), act.stride(0)),
-        A_PER_TOKEN=True,
-        GATED=True,
-        WEIGHTED=False,
-        **common,
-    )
+    routing = (sorted_pairs, block_expert, topk_weights.reshape(-1).contiguous())
+    # NOTE: act rows are slots (sorted, padded): the down GEMM reads its blocks contiguously
+    act = torch.empty(sorted_pairs.numel(), two_i // 2, dtype=x.dtype, device=x.device)
+    _gemm(x, w13, act, routing, cfg, k, gated=True, tma=tma)
     out = torch.empty(n, h, dtype=x.dtype, device=x.device)
-    weights = topk_weights.reshape(-1).contiguous()
-    _moe_gemm_kernel[(blocks * cdiv(h, cfg.block_n),)](
-        *(act, w2, out, sorted_pairs, block_expert, weights, n, h, inter),
-        *(act.stride(0), w2.stride(0), w2.stride(1), out.stride(0)),
-        A_PER_TOKEN=False,
-        GATED=False,
-        WEIGHTED=True,
-        **common,
-    )
+    _gemm(act, w2, out, routing, cfg, k, gated=False, tma=tma)
     return out.view(t, k, h).sum(dim=1)
 
 

@@ -73,14 +73,21 @@ def test_align_pairs_kernel_equals_the_reference(device, tokens, top_k, experts,
         (9, 4, 2, torch.bfloat16),
     ],
 )
-def test_fused_moe_matches_reference(device, tokens, experts, top_k, dtype) -> None:
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+def test_fused_moe_matches_reference(device, tokens, experts, top_k, dtype, tma) -> None:
+    """The sorted grouped GEMMs, weight tiles loaded through pointers or TMA descriptors (whose
+    tiles run past an expert's rows: inter is not a multiple of the N tile), each GEMM with its
+    own tiles."""
+    if tma and device == "cuda" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs a Hopper GPU")
     hidden, inter = 64, 48  # inter not a multiple of the N tile
     x = torch.randn(tokens, hidden, device=device, dtype=dtype)
     w13 = (torch.randn(experts, 2 * inter, hidden, device=device) * 0.1).to(dtype)
     w2 = (torch.randn(experts, hidden, inter, device=device) * 0.1).to(dtype)
     logits = torch.randn(tokens, experts, device=device)
     weights, ids = route(logits, top_k, renormalize=True, dtype=dtype)
-    out = fused_moe(x, w13, w2, weights, ids, INTERPRET_CONFIG)  # the sorted grouped GEMM
+    cfg = INTERPRET_CONFIG._replace(down=(32, 16, 4, 1))
+    out = fused_moe(x, w13, w2, weights, ids, cfg, tma=tma)  # the sorted grouped GEMM
     assert_close(out, fused_moe_torch(x, w13, w2, weights, ids), dtype, "fused moe")
 
 
