@@ -22,7 +22,7 @@ import torch
 
 from radixlm.kernels._triton import cdiv, jit, require_triton, tl, triton
 
-MAX_CHUNKS = 64  # programs of the count / place kernels; `_offsets_kernel` loads them all at once
+MAX_CHUNKS = 128  # programs of the count / place kernels; `_offsets_kernel` loads them all at once
 ONE_HOT_ELEMENTS = 32768  # a sub-chunk's one-hot tile: SUB pairs x E_POW2 experts
 
 

@@ -47,8 +47,8 @@ def test_align_pairs_groups_by_expert_and_pads(device, align) -> None:
         (7, 2, 6, 4),  # experts not a power of two
         (300, 8, 128, 64),  # 10 chunks of pairs
         (513, 4, 60, 16),
-        (2048, 8, 128, 64),  # MAX_CHUNKS chunks
-        (2100, 8, 128, 64),  # 33 chunks of two one-hot tiles each
+        (4096, 8, 128, 64),  # MAX_CHUNKS chunks
+        (4200, 8, 128, 64),  # 66 chunks of two one-hot tiles each
         (2100, 2, 8, 32),  # few experts: long one-hot tiles
         (64, 8, 256, 16),  # many experts, most of them idle
     ],
