@@ -7,7 +7,6 @@ import torch
 
 from radixlm.kernels._triton import HAS_TRITON
 from radixlm.kernels.fused_moe import (
-    INTERPRET_CONFIG,
     SMALL_PAIRS,
     MoEConfig,
     MoEGemvConfig,
@@ -75,18 +74,19 @@ def test_align_pairs_kernel_equals_the_reference(device, tokens, top_k, experts,
 )
 @pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
 def test_fused_moe_matches_reference(device, tokens, experts, top_k, dtype, tma) -> None:
-    """The sorted grouped GEMMs, weight tiles loaded through pointers or TMA descriptors (whose
-    tiles run past an expert's rows: inter is not a multiple of the N tile), each GEMM with its
-    own tiles."""
+    """The sorted grouped GEMMs, weight tiles loaded through pointers or TMA descriptors (gate_up's
+    gate and up tiles in one 3-D load), each GEMM with its own tiles; the last N and K tiles of
+    both GEMMs run past the weights' rows and columns (inter 48 and hidden 80 against 32-wide
+    tiles)."""
     if tma and device == "cuda" and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("TMA needs a Hopper GPU")
-    hidden, inter = 64, 48  # inter not a multiple of the N tile
+    hidden, inter = 80, 48
     x = torch.randn(tokens, hidden, device=device, dtype=dtype)
     w13 = (torch.randn(experts, 2 * inter, hidden, device=device) * 0.1).to(dtype)
     w2 = (torch.randn(experts, hidden, inter, device=device) * 0.1).to(dtype)
     logits = torch.randn(tokens, experts, device=device)
     weights, ids = route(logits, top_k, renormalize=True, dtype=dtype)
-    cfg = INTERPRET_CONFIG._replace(down=(32, 16, 4, 1))
+    cfg = MoEConfig(16, 32, 32, 4, 1, down=(32, 16, 4, 1))
     out = fused_moe(x, w13, w2, weights, ids, cfg, tma=tma)  # the sorted grouped GEMM
     assert_close(out, fused_moe_torch(x, w13, w2, weights, ids), dtype, "fused moe")
 
