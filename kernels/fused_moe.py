@@ -133,8 +133,9 @@ def _moe_gemm_kernel(
     # tiles. With the block index fastest, the down GEMM re-read all of `act` (50 MB at 4096
     # tokens of Qwen3-30B-A3B, more than L2) from HBM once per N tile.
     # NOTE: a down TMA tile past an expert's N rows reads the next expert's rows (or zeros past
-    # the last), a gate_up one zeros: they only reach output columns >= N, never stored. gate_up writes zeros
-    # into its blocks' padding slots, which the down GEMM reads with TMA (into padding rows).
+    # the last), a gate_up one zeros: they only reach output columns >= N, never stored. gate_up
+    # writes zeros into its blocks' padding slots, which the down GEMM reads with TMA (into
+    # padding rows).
     """
     pid = tl.program_id(0)
     n_tiles = tl.cdiv(N, BLOCK_N)
