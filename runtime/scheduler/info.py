@@ -103,6 +103,7 @@ class SchedulerInfo:
             "capacity": self.allocator.capacity,
             "new_token_ratio": self.ratio.value,
             "forward_ct": self.step.forward_ct,
+            "decode_model_seconds": self.step.decode_model_s,
             **self.stats,
             "jump_forward": self.grammars.stats["jumps"],
             "jump_forward_tokens": self.grammars.stats["jump_tokens"],

@@ -13,6 +13,7 @@ it ran, and otherwise only reads requests. It touches model tensors only through
 
 from __future__ import annotations
 
+import time
 from typing import Any, NamedTuple, Protocol
 
 import torch
@@ -107,6 +108,10 @@ class ModelStep:
         self.vocab_size = vocab_size
         self.device: torch.device = runner.device
         self.forward_ct = 0
+        # NOTE: host seconds inside the model's forward and logits calls of decode steps: the
+        # model's own time where the forward is synchronous (CPU); launch time on a GPU. The rest
+        # of a decode iteration is the scheduler's (batching, sampling, grammars, results).
+        self.decode_model_s = 0.0
 
     def forward_batch(
         self, batch: ScheduleBatch, input_ids: torch.Tensor | None = None
@@ -132,7 +137,9 @@ class ModelStep:
         queue the tokens' copy to the host now, so that reading them later waits for this step
         only (overlap.py); `keep_hidden`: return the forward's output rows too."""
         fb = self.forward_batch(batch, input_ids)
+        start = time.perf_counter()
         hidden = self.runner.forward(fb)
+        model_s = time.perf_counter() - start
         self.forward_ct += 1
         for req in batch.reqs:
             req.computed += req.extend_len
@@ -151,7 +158,10 @@ class ModelStep:
             picked = [r for r in batch.sample_rows if r >= 0]
             if picked != list(range(hidden.shape[0])):
                 rows = torch.tensor(picked, device=hidden.device)
+        start = time.perf_counter()
         logits = self.runner.compute_logits(hidden, rows)
+        if decode:
+            self.decode_model_s += model_s + time.perf_counter() - start
         if greedy:
             out = sample(logits, SamplingBatch.greedy_only(len(sampled)))
             masked = False

@@ -174,6 +174,9 @@ def test_overlap_launches_no_step_past_a_length_limit(overlap_engine) -> None:
     assert after["decode_iterations"] - before["decode_iterations"] == 6
     assert after["extend_seconds"] > before["extend_seconds"]
     assert after["decode_seconds"] > before["decode_seconds"]
+    # the five decode forwards' model time lies inside those iterations (CPU: synchronous)
+    model_s = after["decode_model_seconds"] - before["decode_model_seconds"]
+    assert 0 < model_s < after["decode_seconds"] - before["decode_seconds"]
 
 
 @pytest.mark.parametrize(
