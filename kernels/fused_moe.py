@@ -129,9 +129,10 @@ def _moe_gemm_kernel(
     # block's A rows from L2 once; the blocks of one expert are neighbours too and share its weight
     # tiles. With the block index fastest, the down GEMM re-read all of `act` (50 MB at 4096
     # tokens of Qwen3-30B-A3B, more than L2) from HBM once per N tile.
-    # NOTE: a TMA tile past an expert's N rows reads the next expert's rows (or zeros past the
-    # last): they only reach output columns >= N, which are never stored. gate_up writes zeros
-    # into its blocks' padding slots, which the down GEMM reads with TMA (into padding rows).
+    # NOTE: a TMA tile past an expert's N rows reads the rows below them (a gate tile the
+    # expert's up rows, an up or down tile the next expert's, zeros past the last): they only
+    # reach output columns >= N, which are never stored. gate_up writes zeros into its blocks'
+    # padding slots, which the down GEMM reads with TMA (into padding rows).
     """
     pid = tl.program_id(0)
     n_tiles = tl.cdiv(N, BLOCK_N)
