@@ -122,17 +122,20 @@ def _moe_gemm_kernel(
     GATED (gate_up): A = x, row = the pair's token; `silu(gate) * up` -> Out (act) at the slot.
     else (down): A = act, row = the slot; times the pair's routing weight -> Out at the pair.
     W: the expert weights `[E * rows_per_expert, K]` (gate rows, then up rows N below them), a
-    TMA tensor descriptor of [BLOCK_N, BLOCK_K] tiles when TMA, else a pointer; A_TMA (TMA and
-    down): A (contiguous slots) is a descriptor of [BLOCK_M, BLOCK_K] tiles too.
+    pointer, or with TMA a tensor descriptor: of [BLOCK_N, BLOCK_K] tiles (down), of
+    [2, BLOCK_N, BLOCK_K] tiles over the view `[E * 2, N, K]` (gate_up: expert e's gate tile and
+    up tile in one load, then one dot of 2 * BLOCK_N columns: 2-3 % faster than two dots at 4096
+    and 8192 tokens of Qwen3-30B-A3B on an H100, runs 67-68). A_TMA (TMA and down): A
+    (contiguous slots) is a descriptor of [BLOCK_M, BLOCK_K] tiles too.
 
     # NOTE: the N tiles of a block are consecutive programs, so they run together and read the
     # block's A rows from L2 once; the blocks of one expert are neighbours too and share its weight
     # tiles. With the block index fastest, the down GEMM re-read all of `act` (50 MB at 4096
     # tokens of Qwen3-30B-A3B, more than L2) from HBM once per N tile.
-    # NOTE: a TMA tile past an expert's N rows reads the rows below them (a gate tile the
-    # expert's up rows, an up or down tile the next expert's, zeros past the last): they only
-    # reach output columns >= N, which are never stored. gate_up writes zeros into its blocks'
-    # padding slots, which the down GEMM reads with TMA (into padding rows).
+    # NOTE: a down TMA tile past an expert's N rows reads the next expert's rows (or zeros past
+    # the last), a gate_up one zeros: they only reach output columns >= N, never stored. gate_up
+    # writes zeros into its blocks' padding slots, which the down GEMM reads with TMA (into
+    # padding rows).
     """
     pid = tl.program_id(0)
     n_tiles = tl.cdiv(N, BLOCK_N)
@@ -158,6 +161,7 @@ def _moe_gemm_kernel(
             u_ptrs = w_ptrs + N * stride_wn  # GATED: the up rows
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_gu = tl.zeros([BLOCK_M, 2 * BLOCK_N], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             mask_k = offs_k < K - k0
             if A_TMA:
@@ -165,19 +169,23 @@ def _moe_gemm_kernel(
             else:
                 a = tl.load(a_ptrs, mask=valid[:, None] & mask_k[None, :], other=0.0)
                 a_ptrs += BLOCK_K
-            if TMA:
-                w = tl.trans(W.load([w_row.to(tl.int32), k0]))
+            if GATED and TMA:  # the gate and up tiles in one load, one dot of 2 * BLOCK_N
+                wu = tl.reshape(W.load([2 * e, pid_n * BLOCK_N, k0]), [2 * BLOCK_N, BLOCK_K])
+                acc_gu += mma(a, tl.trans(wu), PREC, UPCAST)
             else:
-                w = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-                w_ptrs += BLOCK_K
-            acc += mma(a, w, PREC, UPCAST)
-            if GATED:
                 if TMA:
-                    u = tl.trans(W.load([(w_row + N).to(tl.int32), k0]))
+                    w = tl.trans(W.load([w_row.to(tl.int32), k0]))
                 else:
+                    w = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+                    w_ptrs += BLOCK_K
+                acc += mma(a, w, PREC, UPCAST)
+                if GATED:
                     u = tl.load(u_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
                     u_ptrs += BLOCK_K
-                acc_u += mma(a, u, PREC, UPCAST)
+                    acc_u += mma(a, u, PREC, UPCAST)
+        if GATED and TMA:  # columns [gate | up] -> the two accumulators
+            gu = tl.permute(tl.reshape(acc_gu, [BLOCK_M, 2, BLOCK_N]), (0, 2, 1))
+            acc, acc_u = tl.split(gu)
         out_ty = Out.dtype.element_ty
         if GATED:  # silu(gate) * up, rounded like the torch expression in the output dtype
             g = acc.to(out_ty).to(tl.float32)
@@ -222,7 +230,10 @@ def _gemm(
     if tma:  # NOTE: host-side descriptors: passed by value, so a CUDA graph keeps them
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        w_arg = TensorDescriptor.from_tensor(w2d, [block_n, block_k])
+        if gated:
+            w_arg = TensorDescriptor.from_tensor(w.view(experts * 2, n, k), [2, block_n, block_k])
+        else:
+            w_arg = TensorDescriptor.from_tensor(w2d, [block_n, block_k])
         a_arg = a if gated else TensorDescriptor.from_tensor(a, [cfg.block_m, block_k])
     else:
         w_arg, a_arg = w2d, a
