@@ -5,8 +5,10 @@ the same thread count (torch's, i.e. all cores unless `--num-threads`), see the 
 run in the same benchmark run, alternating: for each repetition radixlm then llama.cpp, and the
 median of `--repeats` (>= 3) repetitions is reported, with the ratio radixlm / llama.cpp.
 
-Workloads: `decode1` (batch-1 greedy decode tokens/s, prefill excluded) and `prefill` (a prompt of
-`--prefill-tokens` tokens, tokens/s; radixlm's radix cache is flushed before each run).
+Workloads: `decode1` (batch-1 greedy decode tokens/s, prefill excluded), `decode1-sampled` (the
+same with llama.cpp's default sampler settings on both sides: temperature 0.8, top-k 40, top-p
+0.95, min-p 0.05) and `prefill` (a prompt of `--prefill-tokens` tokens, tokens/s; radixlm's radix
+cache is flushed before each run).
 llama-cpp-python is never a dependency: where `llama_cpp` cannot be found this prints how to get it
 and returns 2. llama.cpp runs in a child process of its own (spawned, torch never imported there), so that its
 OpenMP runtime is not torch's bundled libgomp and a crash in it ends with a message, not the run.
@@ -30,10 +32,14 @@ _MISSING = (
     "an existing build on PYTHONPATH."
 )
 _PROMPT = "Write a long story about a lighthouse keeper and the sea."
+# llama-cpp-python's `generate` defaults
+SAMPLED = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
 
 
-def _ours_decode(engine: Any, ids: list[int], n: int) -> float:
+def _ours_decode(engine: Any, ids: list[int], n: int, sampled: bool = False) -> float:
     params = {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}
+    if sampled:
+        params.update(SAMPLED, seed=0)
     times = []
     for chunk in engine.generate(input_ids=ids, sampling_params=params, stream=True):
         times.append((time.perf_counter(), len(chunk["output_ids"])))
@@ -109,7 +115,7 @@ def _peer_main(
     ops = {
         "ping": lambda: True,
         "tokenize": lambda text: llm.tokenize(text.encode(), add_bos=False),
-        "decode": lambda ids, n: _peer_decode(llm, ids, n),
+        "decode": lambda ids, n, sampled=False: _peer_decode(llm, ids, n, sampled),
         "prefill": lambda ids: _peer_prefill(llm, ids),
     }
     while True:
@@ -122,10 +128,14 @@ def _peer_main(
             conn.send((False, repr(e)))
 
 
-def _peer_decode(llm: Any, ids: list[int], n: int) -> float:
+def _peer_decode(llm: Any, ids: list[int], n: int, sampled: bool) -> float:
     llm.reset()
+    kwargs = {"temp": 0.0, "top_k": 1}
+    if sampled:
+        kwargs = {"temp": SAMPLED["temperature"], "top_k": SAMPLED["top_k"]}
+        kwargs.update(top_p=SAMPLED["top_p"], min_p=SAMPLED["min_p"])
     stamps = []
-    for i, _ in enumerate(llm.generate(ids, temp=0.0, top_k=1, reset=True)):
+    for i, _ in enumerate(llm.generate(ids, **kwargs, reset=True)):
         stamps.append(time.perf_counter())
         if i + 1 >= n:
             break
@@ -193,6 +203,12 @@ def _compare(
             cases.append(
                 ("batch-1 decode", lambda: _ours_decode(engine, prompt_ids, decode_tokens),
                  lambda: peer.call("decode", prompt_ids, decode_tokens))
+            )  # fmt: skip
+        if "decode1-sampled" in workloads:
+            n = decode_tokens
+            cases.append(
+                ("batch-1 decode, sampled", lambda: _ours_decode(engine, prompt_ids, n, True),
+                 lambda: peer.call("decode", prompt_ids, n, True))
             )  # fmt: skip
         if "prefill" in workloads:
             cases.append(

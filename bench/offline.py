@@ -8,7 +8,8 @@ Workloads:
             call (continuous batching).
   decode1   batch-1 decode tokens/s of both, against this machine's bandwidth ceiling (weight
             bytes per step over the read bandwidth measured in this run).
-  --peer llama.cpp: decode1 and prefill against llama.cpp on the same GGUF (bench/llamacpp_peer.py).
+  --peer llama.cpp: decode1, decode1-sampled and prefill against llama.cpp on the same GGUF
+            (bench/llamacpp_peer.py).
   prefix    one ~1k-token few-shot prefix + 32 different questions (short answers): radixlm with
             the radix cache on vs off; prints the cache hit rate against its theoretical maximum.
 """
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     workloads = args.workloads.split(",")
     results: dict[str, Any] = {}
-    if args.peer == "llama.cpp":  # NOTE: workloads decode1 and prefill (bench/llamacpp_peer.py)
+    if args.peer == "llama.cpp":  # NOTE: decode1, decode1-sampled, prefill (llamacpp_peer.py)
         from radixlm.bench.llamacpp_peer import run
 
         rows = run(

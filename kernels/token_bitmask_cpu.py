@@ -55,14 +55,3 @@ def refused_rows(ids: np.ndarray, bitmask: torch.Tensor, rows: list[int]) -> lis
         for i in rows
         if ids[i] >= width or not (int(words[i, ids[i] >> 5]) >> int(ids[i] & 31)) & 1
     ]
-
-
-def remask_argmax(
-    logits: torch.Tensor, ids: np.ndarray, bitmask: torch.Tensor, rows: list[int]
-) -> None:
-    """Mask `rows` of `logits` in place (`apply_bitmask_cpu`) and write their new argmax into
-    `ids`; the other rows are untouched."""
-    apply_bitmask_cpu(logits, bitmask, torch.tensor(rows))
-    lg = logits.numpy()
-    for i in rows:  # NOTE: row by row: `lg[rows]` would copy the rows first
-        ids[i] = lg[i].argmax()

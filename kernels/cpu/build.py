@@ -1,8 +1,9 @@
 """Build and load the CPU kernel library once per machine, into a cache folder.
 
-The sources (`linear.cpp`, `attention.cpp`, `norm.cpp`, `activation.cpp`, `decode.cpp`) compile into one shared
-library per instruction set: `avx512vnni` (AVX-512 F/BW/VL/DQ + VNNI: the int8 block dots of
-`q8dot.h` as `vpdpbusd`), `avx512` (the same without VNNI) and `avx2` (AVX2/FMA/F16C). `load()`
+The sources (`linear.cpp`, `attention.cpp`, `norm.cpp`, `activation.cpp`, `decode.cpp`,
+`sample.cpp`) compile into one shared library per instruction set: `avx512vnni` (AVX-512
+F/BW/VL/DQ + VNNI: the int8 block dots of `q8dot.h` as `vpdpbusd`), `avx512` (the same without
+VNNI) and `avx2` (AVX2/FMA/F16C). `load()`
 takes the one `isa()` names (the widest this CPU runs, by torch's own run-time detection:
 `torch.backends.cpu.get_cpu_capability()` and its CPU feature table; `$RADIXLM_CPU_ISA` caps it),
 builds it on first use with
@@ -39,6 +40,7 @@ _SOURCES = [
         "activation.cpp",
         "rotary.cpp",
         "decode.cpp",
+        "sample.cpp",
     ]
 ]
 _HEADERS = [
@@ -153,6 +155,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.rl_decode_scratch.restype = i64
     lib.rl_decode_step.argtypes = [p, p, p, p, p, p, i64, p, p]
     lib.rl_decode_step.restype = i32
+    lib.rl_sample_rows.argtypes = [p, i64, i64, i64, p, p, p, p, p, p, p]
+    lib.rl_sample_rows.restype = i32
     for fn in (lib.rl_linear_dense, lib.rl_linear_quant, lib.rl_dequant, lib.rl_simd_width):
         fn.restype = i32
     return lib

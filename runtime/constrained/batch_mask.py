@@ -2,11 +2,11 @@
 (the `VocabMask` of sampling/vocab_mask.py).
 
 - `dense()` fills every constrained row (unconstrained rows allow everything) and moves the mask
-  to the device: what sampling with temperature, logprobs and the GPU read.
-- `refused(ids)` is the greedy CPU path's question: does each row's grammar allow the model's own
-  choice? A grammar that can check one token without its mask (`Grammar.allows`: every backend,
-  except where llguidance forces bytes) answers directly; otherwise the row's mask is filled and
-  its bit read. `host_bits(rows)` then fills the refused rows. Most steps of a constrained greedy
+  to the device: what logprobs and the GPU read.
+- `refused(ids)` is the CPU path's question: does each row's grammar allow the model's own
+  choice (its argmax, or its draw from the unmasked distribution)? A grammar that can check one
+  token without its mask (`Grammar.allows`: every backend, except where llguidance forces bytes)
+  answers directly; otherwise the row's mask is filled and its bit read. `host_bits(rows)` then fills the refused rows. Most steps of a constrained
   request never compute a mask.
 
 Ownership: built per step by `GrammarManager.build_mask` on the scheduler loop thread, into the
@@ -62,6 +62,9 @@ class BatchMask:
             indices = None if indices is None else indices.to(self.device, non_blocking=True)
         self.stats["mask_s"] += time.perf_counter() - start
         return mask, indices
+
+    def constrained_rows(self) -> list[int]:
+        return self.rows
 
     def refused(self, ids: np.ndarray) -> list[int]:
         start = time.perf_counter()

@@ -4,6 +4,11 @@ Order (as SGLang): penalties, logit bias, min-new-tokens ban and grammar mask ed
 place; logprobs are taken from those logits (before temperature); then temperature, top-k, top-p,
 min-p, and a draw. Each request draws from its own `torch.Generator`, so a seeded request gives
 the same tokens whatever else shares its batch.
+
+Two paths. CPU float32 logits (`_sample_host`): the processors, then argmax or one C++ draw per
+row (kernels/cpu/sample.py: softmax, the filters and an inverse-CDF draw; torch's exponential
+noise and sort cost ~3 ms a row there), and the grammar mask only on the rows that read it.
+Elsewhere (the GPU): the mask on every constrained row, then an exponential race.
 """
 
 from __future__ import annotations
@@ -58,39 +63,110 @@ def sample(
 ) -> SampleOutput:
     # NOTE: inference mode: the model runner's logits are inference tensors, which the logit
     # processors edit in place.
-    # NOTE: greedy CPU rows without logprobs apply the grammar mask lazily (vocab_mask.py): the
-    # same tokens, without masking (or even computing the mask of) rows whose argmax the grammar
-    # allows.
-    lazy_mask = (
-        sb.all_greedy
-        and sb.vocab_mask is not None
-        and not (return_logprob or top_logprobs_num)
-        and not logits.is_cuda
-        and logits.dtype == torch.float32
-        and logits.is_contiguous()
-    )
-    logits = apply_logit_processors(logits, sb, grammar_mask=not lazy_mask)
-    logprobs = top = None
-    if return_logprob or top_logprobs_num:
-        logp = torch.log_softmax(logits, dim=-1)
-    if lazy_mask:
-        from radixlm.kernels.token_bitmask_cpu import remask_argmax
-
-        assert sb.vocab_mask is not None
-        ids = logits.numpy().argmax(axis=-1)  # NOTE: the first maximum, as torch's
-        refused = sb.vocab_mask.refused(ids)
-        if refused:
-            remask_argmax(logits, ids, sb.vocab_mask.host_bits(refused), refused)
-        next_ids = torch.from_numpy(ids)
-    elif sb.all_greedy:
-        next_ids = argmax(logits)
+    want_logprobs = bool(return_logprob or top_logprobs_num)
+    on_host = not logits.is_cuda and logits.dtype == torch.float32 and logits.is_contiguous()
+    if on_host and (sb.all_greedy or host_sampler_available()):
+        next_ids, logits = _sample_host(logits, sb, want_logprobs)
     else:
-        next_ids = _sample_rows(logits, sb)
-    if return_logprob or top_logprobs_num:
+        logits = apply_logit_processors(logits, sb)
+        next_ids = argmax(logits) if sb.all_greedy else _sample_rows(logits, sb)
+    logprobs = top = None
+    if want_logprobs:
+        logp = torch.log_softmax(logits, dim=-1)
         logprobs = logp.gather(1, next_ids.view(-1, 1)).view(-1)
         if top_logprobs_num:
             top = tuple(logp.topk(top_logprobs_num, dim=-1))
     return SampleOutput(next_ids, logprobs, top)
+
+
+def host_sampler_available() -> bool:
+    from radixlm.kernels.cpu.linear import _lib
+
+    return _lib() is not None
+
+
+def _sample_host(
+    logits: torch.Tensor, sb: SamplingBatch, want_logprobs: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """CPU float32 logits: the tokens, and the logits with every constrained row masked where
+    logprobs are wanted. Each row's grammar mask is applied only when its row reads it:
+    - greedy rows take their argmax; a row whose grammar refuses it is masked and takes the
+      masked argmax (the same token: an allowed first maximum is the masked row's too);
+    - sampled rows draw with kernels/cpu/sample.py. A constrained row with top-k, top-p or min-p
+      is masked first (the filters read the masked distribution); one without draws from the
+      unmasked row, and only where its grammar refuses the token is it masked and drawn again
+      with a second uniform: exactly the masked distribution (P(a) = p(a) + (1 - p(A)) p(a) /
+      p(A) = p(a) / p(A) for a in the allowed set A).
+    Which of these a row takes depends on its own parameters only, so a seeded request draws the
+    same tokens whatever shares its batch. Most steps of a constrained request compute no mask.
+    """
+    from radixlm.kernels.token_bitmask_cpu import apply_bitmask_cpu
+
+    logits = apply_logit_processors(logits, sb, grammar_mask=False)
+    mask = sb.vocab_mask
+    ids = logits.numpy().argmax(axis=-1)  # NOTE: the first maximum, as torch's
+    sampled: list[int] = []
+    if not sb.all_greedy:
+        assert sb.greedy is not None
+        sampled = [i for i, g in enumerate(sb.greedy.tolist()) if not g]
+        draw = _HostDraw(logits, sb)
+        if mask is not None:
+            filtered = set(mask.constrained_rows()) & set(draw.filtered_rows(sampled))
+            if filtered:
+                rows = sorted(filtered)
+                apply_bitmask_cpu(logits, mask.host_bits(rows), torch.tensor(rows))
+        ids[sampled] = draw(sampled)
+    if mask is not None:
+        refused = mask.refused(ids)
+        if refused:
+            apply_bitmask_cpu(logits, mask.host_bits(refused), torch.tensor(refused))
+            redraw = sorted(set(refused) & set(sampled))
+            for i in sorted(set(refused) - set(sampled)):
+                ids[i] = logits[i].numpy().argmax()
+            if redraw:
+                ids[redraw] = draw(redraw)
+        if want_logprobs:
+            bits, rows = mask.dense()
+            apply_bitmask_cpu(logits, bits, rows)
+    return torch.from_numpy(ids), logits
+
+
+class _HostDraw:
+    """One draw per row with the C++ kernel, each row's uniform from its own generator (the
+    global one where it has none)."""
+
+    def __init__(self, logits: torch.Tensor, sb: SamplingBatch) -> None:
+        assert sb.temperatures is not None
+        vocab = logits.shape[1]
+        bs = logits.shape[0]
+        self.logits = logits
+        self.generators = sb.generators
+        self.temps = sb.temperatures.view(-1).tolist()
+        self.top_k = sb.top_ks.tolist() if sb.top_ks is not None else [vocab] * bs
+        self.top_p = sb.top_ps.tolist() if sb.top_ps is not None else [1.0] * bs
+        self.min_p = sb.min_ps.tolist() if sb.min_ps is not None else [0.0] * bs
+        self.vocab = vocab
+
+    def filtered_rows(self, rows: list[int]) -> list[int]:
+        return [
+            i
+            for i in rows
+            if self.top_k[i] < self.vocab or self.top_p[i] < 1.0 or self.min_p[i] > 0.0
+        ]
+
+    def __call__(self, rows: list[int]) -> list[int]:
+        from radixlm.kernels.cpu.sample import sample_rows
+
+        uniforms = [
+            torch.rand((), dtype=torch.float64, generator=self.generators[i]).item() for i in rows
+        ]
+        drawn = sample_rows(
+            self.logits, rows, [self.temps[i] for i in rows], [self.top_k[i] for i in rows],
+            [self.top_p[i] for i in rows], [self.min_p[i] for i in rows], uniforms,
+        )  # fmt: skip
+        assert drawn is not None  # host_sampler_available()
+        # NOTE: a row whose every logit is -inf (-1) takes token 0, as torch's path does.
+        return drawn.clamp_min(0).tolist()
 
 
 def argmax(x: torch.Tensor) -> torch.Tensor:

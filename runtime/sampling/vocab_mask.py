@@ -2,9 +2,9 @@
 
 - `dense()`: the whole packed bitmask on the logits' device, for every path that edits the logits
   (sampling, logprobs, the GPU);
-- `refused(ids)` then `host_bits(rows)`: the greedy CPU path takes each row's argmax first and
-  masks only the rows whose choice the grammar refuses (the same tokens: where a row's first
-  maximum is allowed it is also the masked row's first maximum).
+- `refused(ids)` then `host_bits(rows)`: the CPU path takes each row's argmax or draw first and
+  masks only the rows whose choice the grammar refuses (sampler.py `_sample_host`: the same
+  tokens for greedy rows, the same distribution for sampled ones).
 
 `DenseMask` is a bitmask that is already built (speculative verify rows); the scheduler's own is
 `constrained/batch_mask.py`, which fills a row only when it is read.
@@ -21,6 +21,10 @@ import torch
 class VocabMask(Protocol):
     def dense(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """([B, W] int32 bitmask on the logits' device, the rows it applies to; None: all)."""
+        ...
+
+    def constrained_rows(self) -> list[int]:
+        """The rows the mask applies to."""
         ...
 
     def refused(self, ids: np.ndarray) -> list[int]:
@@ -42,11 +46,13 @@ class DenseMask:
     def dense(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self.bits, self.rows
 
+    def constrained_rows(self) -> list[int]:
+        return list(range(self.bits.shape[0])) if self.rows is None else self.rows.tolist()
+
     def refused(self, ids: np.ndarray) -> list[int]:
         from radixlm.kernels.token_bitmask_cpu import refused_rows
 
-        rows = range(self.bits.shape[0]) if self.rows is None else self.rows.tolist()
-        return refused_rows(ids, self.bits, list(rows))
+        return refused_rows(ids, self.bits, self.constrained_rows())
 
     def host_bits(self, rows: list[int]) -> torch.Tensor:
         return self.bits

@@ -136,8 +136,10 @@ def test_documented_keywords_decode_valid_documents(engine):
               "json_schema": json.dumps(DECODED)}  # fmt: skip
     outs = engine.generate(PROMPT, params)
     assert len(outs) == 8
+    # NOTE: `pair` takes any further items after its prefix, so some samples run to the length
+    # limit: about 4 in 5 finish (79 / 96 and 74 / 96 over 12 seeds, two samplers); half must.
     stopped = [o for o in outs if o["meta_info"]["finish_reason"]["type"] == "stop"]
-    assert len(stopped) >= 6, [o["meta_info"]["finish_reason"] for o in outs]
+    assert len(stopped) >= 4, [o["meta_info"]["finish_reason"] for o in outs]
     for o in stopped:
         # complete: the automaton allowed nothing more (None), or EOS in an accepting state
         assert o["meta_info"]["finish_reason"]["matched"] in (None, 2), o["meta_info"]
