@@ -11,6 +11,7 @@ Modules:
     norm     RMSNorm with the residual add before it (fp32), + reference
     activation  silu(gate) * up of a gate_up output (the decode step's element function)
     decode   a whole decode step of a Llama-family decoder in one call (`decode.cpp`), + reference
+    sample   one draw per row: softmax, top-k / top-p / min-p, inverse CDF (`sample.cpp`), + reference
 C++: linear_simd.h (vector helpers), gemv.h (row kernels, block layouts, batch invariance),
 q8dot.h (32-value blocks on Q8 activations), kquants.h (K-quant super-blocks), attention.h (one
 query's attention), activation.h (silu * mul), then one .cpp per C ABI.
