@@ -38,10 +38,18 @@ double exp_row(const float* l, int64_t V, float m, float inv_t, float* e, double
   for (int64_t g0 = 0, g = 0; g0 < V; g0 += kGroup, ++g) {
     const int64_t g1 = std::min(V, g0 + kGroup);
     __m256 acc = _mm256_setzero_ps();
-    for (int64_t v = g0; v < g1; v += 8) {
+    int64_t v = g0;
+    for (; v + 8 <= g1; v += 8) {
+      const __m256 x = _mm256_loadu_ps(l + v);
+      const __m256 y = vexp8(_mm256_mul_ps(_mm256_sub_ps(x, vm), vt));
+      const __m256 kept = _mm256_andnot_ps(_mm256_cmp_ps(x, ninf, _CMP_EQ_OQ), y);
+      _mm256_storeu_ps(e + v, kept);
+      acc = _mm256_add_ps(acc, kept);
+    }
+    if (v < g1) {  // the row's last, partial vector: lanes past V read 0 and are stored nowhere
       const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(g1 - v)),
                                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-      const __m256 x = _mm256_maskload_ps(l + v, lanes);  // lanes past V read 0, stored nowhere
+      const __m256 x = _mm256_maskload_ps(l + v, lanes);
       __m256 y = vexp8(_mm256_mul_ps(_mm256_sub_ps(x, vm), vt));
       y = _mm256_andnot_ps(_mm256_cmp_ps(x, ninf, _CMP_EQ_OQ), y);
       y = _mm256_and_ps(_mm256_castsi256_ps(lanes), y);
@@ -98,6 +106,22 @@ inline int bucket_of(float x) {
 }
 
 using Cand = std::pair<float, int32_t>;  // (e, token)
+
+// The tokens with e >= theta, in token order, into cand (8 compared at a time).
+void collect(const float* e, int64_t V, float theta, std::vector<Cand>& cand) {
+  cand.clear();
+  const __m256 th = _mm256_set1_ps(theta);
+  int64_t v = 0;
+  for (; v + 8 <= V; v += 8) {
+    for (int bits = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(e + v), th, _CMP_GE_OQ));
+         bits; bits &= bits - 1) {
+      const int64_t t = v + __builtin_ctz(bits);
+      cand.emplace_back(e[t], (int32_t)t);
+    }
+  }
+  for (; v < V; ++v)
+    if (e[v] >= theta) cand.emplace_back(e[v], (int32_t)v);
+}
 
 // Sorts `cand` in the filters' order (e descending, token ascending) and walks it from `rank`
 // tokens and `mass` before it: the number of its tokens kept (rank and mass move past them).
@@ -216,9 +240,7 @@ extern "C" int rl_sample_rows(const float* logits, int64_t ld, int64_t V, int64_
     const double p_mass = top_p[i] < 1.0f ? (double)top_p[i] * total : INFINITY;
     bool drawn = false;
     for (float theta = 1e-3f; theta > 1e-10f && !drawn; theta *= 1e-3f) {
-      cand.clear();
-      for (int64_t v = 0; v < V; ++v)
-        if (e[v] >= theta) cand.emplace_back(e[v], (int32_t)v);
+      collect(e.data(), V, theta, cand);
       if ((int64_t)cand.size() > kFirstMax) break;
       int64_t rank = 0;
       double kept_mass = 0.0;
