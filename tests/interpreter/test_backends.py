@@ -197,7 +197,10 @@ def test_openai_chat_matches_the_engine_streamed_or_not(openai_backend, engine_t
             assert meta["prompt_tokens"] == ref["prompt_tokens"], name
             assert meta["completion_tokens"] == ref["completion_tokens"], name
             assert meta["finish_reason"]["type"] == ref["finish_reason"]["type"], name
-    assert len(pieces) > 1 and "".join(pieces) == streamed["a1"]
+    # NOTE: `text_iter` yields what arrived since the reader's last look, so how many pieces it
+    # yields depends on the reader keeping up (a loaded 2-core machine once gave one piece);
+    # piece-by-piece delivery is checked with a gated backend in test_mechanics.py.
+    assert pieces and "".join(pieces) == streamed["a1"]
     assert streamed.messages() == engine_two_turns[0].messages()
     # NOTE: the OpenAI backend does not know the model's default system message (the server's
     # template inserts it), so its messages() start with the user's; the Engine's show it.
