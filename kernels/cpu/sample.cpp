@@ -182,7 +182,7 @@ Kept kept_tokens(const float* e, int64_t V, int64_t top_k, double p_mass, float 
   int64_t rank = 0;
   for (int b = kBuckets - 1; b >= 0; --b) {
     if (count[b] == 0) continue;
-    // NOTE: bucket b holds values in [lo, 2 lo): the min-p bound may fall inside it.
+    // NOTE: bucket b holds values from lo up to the next bucket's lo (1/64 of an octave above).
     uint32_t lo_bits = (uint32_t)(b - 1 + (kLowExp << kSub)) << (23 - kSub);
     float lo;
     memcpy(&lo, &lo_bits, 4);

@@ -6,8 +6,8 @@
 - `refused(ids)` is the CPU path's question: does each row's grammar allow the model's own
   choice (its argmax, or its draw from the unmasked distribution)? A grammar that can check one
   token without its mask (`Grammar.allows`: every backend, except where llguidance forces bytes)
-  answers directly; otherwise the row's mask is filled and its bit read. `host_bits(rows)` then fills the refused rows. Most steps of a constrained
-  request never compute a mask.
+  answers directly; otherwise the row's mask is filled and its bit read. `host_bits(rows)` then
+  fills the refused rows. Most steps of a constrained request never compute a mask.
 
 Ownership: built per step by `GrammarManager.build_mask` on the scheduler loop thread, into the
 manager's reused host buffer; it is dead once the next step builds its own. Time spent filling

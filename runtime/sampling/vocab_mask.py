@@ -1,7 +1,7 @@
 """The grammar mask a `SamplingBatch` carries (`VocabMask`), read two ways by the sampler:
 
-- `dense()`: the whole packed bitmask on the logits' device, for every path that edits the logits
-  (sampling, logprobs, the GPU);
+- `dense()`: the whole packed bitmask on the logits' device, where every constrained row is read
+  (logprobs, the GPU's sampling);
 - `refused(ids)` then `host_bits(rows)`: the CPU path takes each row's argmax or draw first and
   masks only the rows whose choice the grammar refuses (sampler.py `_sample_host`: the same
   tokens for greedy rows, the same distribution for sampled ones).
