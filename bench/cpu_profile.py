@@ -24,8 +24,11 @@ def _t(values: list[int]) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int64)
 
 
-def decode_steps(runner: ModelRunner, prompt: list[int], steps: int) -> tuple[list[int], float]:
-    """Prefill `prompt`, then `steps` greedy decode steps; (generated ids, seconds per step)."""
+def _steps(
+    runner: ModelRunner, prompt: list[int], steps: int, forced: list[int] | None
+) -> tuple[list[int], list[torch.Tensor], float]:
+    """Prefill `prompt`, then decode: each step feeds the last step's greedy token, or the next
+    of `forced`; (greedy ids, the logits rows (copies; only when forced), seconds per step)."""
     n = len(prompt)
     row = runner.req_to_token.alloc()
     slots = runner.kv_pool.allocator.alloc(n + steps)
@@ -34,21 +37,39 @@ def decode_steps(runner: ModelRunner, prompt: list[int], steps: int) -> tuple[li
         ForwardMode.EXTEND, 1, _t(prompt), _t(list(range(n))), slots[:n], _t([row]), _t([n]),
         [n], [0], [n], _t([0]), _t([n]), _t([0]), _t([n - 1]), [n - 1],
     )  # fmt: skip
-    token = int(runner.compute_logits(runner.forward(batch)).argmax(-1)[0])
-    out = [token]
+    kept: list[torch.Tensor] = []
+
+    def pick(logits: torch.Tensor) -> int:
+        if forced is not None:  # NOTE: a copy: the runner may reuse its logits buffer
+            kept.append(logits[0].clone())
+        return int(logits.argmax(-1)[0])
+
+    out = [pick(runner.compute_logits(runner.forward(batch)))]
     start = time.perf_counter()
     for i in range(steps - 1):
         pos = n + i
+        token = out[-1] if forced is None else forced[i]
         batch = ForwardBatch(
             ForwardMode.DECODE, 1, _t([token]), _t([pos]), slots[pos : pos + 1], _t([row]),
             _t([pos + 1]), [pos + 1],
         )  # fmt: skip
-        token = int(runner.compute_logits(runner.forward(batch)).argmax(-1)[0])
-        out.append(token)
+        out.append(pick(runner.compute_logits(runner.forward(batch))))
     per_step = (time.perf_counter() - start) / max(steps - 1, 1)
     runner.kv_pool.allocator.free(slots)
     runner.req_to_token.free(row)
+    return out, kept, per_step
+
+
+def decode_steps(runner: ModelRunner, prompt: list[int], steps: int) -> tuple[list[int], float]:
+    """Prefill `prompt`, then `steps` greedy decode steps; (generated ids, seconds per step)."""
+    out, _, per_step = _steps(runner, prompt, steps, None)
     return out, per_step
+
+
+def forced_logits(runner: ModelRunner, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """The logits `[len(tokens), V]` of `prompt` followed by `tokens` (teacher-forced): row i
+    predicts tokens[i]."""
+    return torch.stack(_steps(runner, prompt, len(tokens), tokens)[1])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -5,7 +5,6 @@ and greedy tokens, in the default mode (the file's Q4_1 blocks) and in fp32."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from radixlm.bench.cpu_profile import decode_steps
+from radixlm.bench.cpu_profile import decode_steps, forced_logits
 from radixlm.kernels.cpu import build
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.executor.model_runner import ModelRunner
@@ -102,12 +101,22 @@ def test_greedy_tokens_equal_the_layer_path(runner: ModelRunner) -> None:
     assert fast == slow
 
 
-def test_without_kernels_the_torch_path_decodes_the_same(runner: ModelRunner) -> None:
+def test_without_kernels_the_torch_path_decodes_the_same(runner: ModelRunner, tmp_path) -> None:
     """RADIXLM_CPU_KERNELS=0 (as on a machine without a compiler): no C++ step, the torch layers
-    decode, and their greedy tokens are the C++ step's."""
+    decode, teacher-forced along the C++ step's greedy tokens, to the same logits up to the
+    kernels' rounding, and to the same greedy token wherever the C++ step's choice is not a near
+    tie.
+
+    NOTE: not token-for-token equality of two free-running decodes: in the default mode the
+    kernels quantise activations to int8 (Q8 blocks) and torch's layers do not, which moves logits
+    by up to ~1.5 (mean ~0.2); a near tie (a margin of 0.14 on PROMPTS[1]'s second token) then
+    flips one way or the other with the ISA's fp32 rounding in torch's kernels (it did on an AVX2
+    machine), and the two decodes part from there."""
+    out_file = tmp_path / "torch_logits.pt"
+    tokens = {i: decode_steps(runner, p, 12)[0] for i, p in enumerate(PROMPTS)}
     code = (
-        "import json, sys\n"
-        "from radixlm.bench.cpu_profile import decode_steps\n"
+        "import sys, torch\n"
+        "from radixlm.bench.cpu_profile import forced_logits\n"
         "from radixlm.runtime.executor.model_runner import ModelRunner\n"
         "from radixlm.runtime.models.loader import resolve_model\n"
         "from radixlm.runtime.server_args import ServerArgs\n"
@@ -115,14 +124,21 @@ def test_without_kernels_the_torch_path_decodes_the_same(runner: ModelRunner) ->
         " max_running_requests=2)\n"
         "r = ModelRunner(args, resolve_model(None))\n"
         "assert r.model.cpu_decode is None\n"
-        f"print(json.dumps(decode_steps(r, {PROMPTS[1]!r}, 12)[0]))\n"
+        f"prompts, tokens = {PROMPTS!r}, {tokens!r}\n"
+        "torch.save([forced_logits(r, p, tokens[i]) for i, p in enumerate(prompts)],"
+        f" {str(out_file)!r})\n"
     )
     env = {**os.environ, build.DISABLE_ENV: "0"}
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-    )
-    want = decode_steps(runner, PROMPTS[1], 12)[0]
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == want
+    subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, check=True)
+    for i, (prompt, slow) in enumerate(zip(PROMPTS, torch.load(out_file), strict=True)):
+        fast = forced_logits(runner, prompt, tokens[i])
+        assert fast.argmax(-1).tolist() == tokens[i]  # the forced run is the greedy run
+        centered = [x - x.mean(-1, keepdim=True) for x in (fast, slow)]
+        assert torch.cosine_similarity(*centered, dim=-1).min() > 0.99
+        top2 = fast.topk(2, dim=-1).values
+        clear = (top2[:, 0] - top2[:, 1]) >= 0.5
+        assert clear.sum() >= 6, "too few clear choices to compare"
+        assert torch.equal(slow.argmax(-1)[clear], fast.argmax(-1)[clear])
 
 
 def test_decode_steps_equal_one_extend_bitwise(runner: ModelRunner) -> None:
