@@ -2,7 +2,8 @@
 own text. Three give prompt lookup (NGRAM) something to copy from; free chat gives it nothing and
 checks that speculation costs little where it cannot pay.
 
-  rewrite   a paragraph, and the request to repeat it with a few words changed
+  rewrite        the request to repeat a paragraph with two words changed, then the paragraph
+  rewrite-after  the same paragraph first, the same request after it
   extract   a short document with quoted values, and the request to put them in a JSON object
   code      the start of a Python file, to be continued
   chat      an ordinary question (no text to copy)
@@ -78,7 +79,14 @@ class Inventory:
 
 # name -> the user message (the chat template is applied by the bench)
 WORKLOADS: dict[str, str] = {
+    # NOTE: two phrasings of one task. A capable model's answer copies all but two words; the
+    # default 135M model copies the paragraph when the request comes first (it skips the two
+    # changes), and paraphrases it when the request follows it (docs/speculative.md).
     "rewrite": (
+        'In the paragraph below, change "Millbrook" to "Eastwick" and "seven" to "eight", and '
+        f"write out the whole paragraph.\n\n{_PARAGRAPH}"
+    ),
+    "rewrite-after": (
         "Here is a paragraph:\n\n"
         f"{_PARAGRAPH}\n\n"
         'Rewrite the paragraph exactly as it is, but change "Millbrook" to "Eastwick" and '
