@@ -119,6 +119,40 @@ def test_packed_blocks_match_gguf_dequantize(qtype: int, m: int, n: int, k: int)
 
 
 @needs_lib
+@pytest.mark.parametrize("library", ["loaded", "avx2"])
+@pytest.mark.parametrize("qtype", [cl.Q4_0, cl.Q4_1])
+def test_packed_q4_extreme_codes_do_not_saturate(library: str, qtype: int) -> None:
+    """Codes all 15 against activations all at +-127: the largest integer sums of a block (the
+    8-lane and non-VNNI builds add a block's `vpmaddubsw` pair sums in int16: 16 x 15 x 127 =
+    30480 per lane must not wrap or saturate)."""
+    import ctypes
+
+    lib = (
+        build.load()
+        if library == "loaded"
+        else build._bind(ctypes.CDLL(build.build("avx2", build.compiler())))
+    )
+    n, k = 32, 256
+    bb = cl.BLOCK_BYTES[qtype]
+    blocks = torch.full((n, k // 32, bb), 0xFF, dtype=torch.uint8)
+    hdr = [1.0, 0.0] if qtype == cl.Q4_1 else [1.0]
+    blocks[:, :, : 2 * len(hdr)] = torch.tensor(hdr, dtype=torch.float16).view(torch.uint8)
+    blocks = blocks.view(n, -1).contiguous()
+    packed, ptype = cl.pack_blocks(blocks, qtype)
+    want_w = torch.from_numpy(
+        gguf_dequantize(blocks.numpy(), GGMLQuantizationType[QTYPES[qtype]])
+    ).reshape(n, k)
+    sign = torch.tensor([1.0, -1.0]).repeat(4).view(-1, 1)
+    for x in (torch.ones(8, k) * sign, torch.ones(1, k), -torch.ones(3, k)):
+        m = x.shape[0]
+        y = torch.empty(m, n)
+        assert (
+            lib.rl_linear_quant(x.data_ptr(), m, k, packed.data_ptr(), ptype, n, y.data_ptr()) == 0
+        )
+        torch.testing.assert_close(y, cl.q8_activations_ref(x) @ want_w.t(), rtol=1e-5, atol=1e-3)
+
+
+@needs_lib
 def test_packing_needs_whole_groups() -> None:
     blocks = _blocks(torch.randn(24, 64), cl.Q4_1)
     assert cl.pack_blocks(blocks, cl.Q4_1) == (blocks, cl.Q4_1)  # 24 rows: not whole groups
