@@ -4,8 +4,9 @@ in one run, on the same model and prompts (issue 25's CPU table; docs/speculativ
 Two engines run the same model: one plain, one with `--speculative-algorithm` (NGRAM by default).
 Each workload (bench/speculative_workloads.py: rewrite, rewrite-after, extract, code, chat) is one
 chat message with the model's chat template applied, sent `--batch-size` times at once (batch 1 by
-default), greedy, up to `--max-new-tokens` tokens. Every repeat runs both engines, in alternating order (off
-then on, then on then off, ...), with their prefix caches flushed; the table shows medians.
+default), greedy, up to `--max-new-tokens` tokens. Every repeat runs both engines, in alternating
+order (off then on, then on then off, ...), with their prefix caches flushed; the table shows
+medians.
 
 What is measured, per engine and repeat: decode tokens/s, streamed. The window starts when the
 last request of the batch has its first token (every prefill is done) and ends at the last token;

@@ -1,12 +1,12 @@
 """The workloads of `radixlm bench speculative` (issue 25's CPU table): one chat prompt each, our
-own text. Three give prompt lookup (NGRAM) something to copy from; free chat gives it nothing and
+own text. Four give prompt lookup (NGRAM) something to copy from; free chat gives it nothing and
 checks that speculation costs little where it cannot pay.
 
   rewrite        the request to repeat a paragraph with two words changed, then the paragraph
   rewrite-after  the same paragraph first, the same request after it
-  extract   a short document with quoted values, and the request to put them in a JSON object
-  code      the start of a Python file, to be continued
-  chat      an ordinary question (no text to copy)
+  extract        a short document with quoted values, and the request to put them in a JSON object
+  code           the start of a Python file, to be continued
+  chat           an ordinary question (no text to copy)
 """
 
 from __future__ import annotations

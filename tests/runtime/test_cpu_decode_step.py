@@ -115,7 +115,7 @@ def test_without_kernels_the_torch_path_decodes_the_same(runner: ModelRunner, tm
     out_file = tmp_path / "torch_logits.pt"
     tokens = {i: decode_steps(runner, p, 12)[0] for i, p in enumerate(PROMPTS)}
     code = (
-        "import sys, torch\n"
+        "import torch\n"
         "from radixlm.bench.cpu_profile import forced_logits\n"
         "from radixlm.runtime.executor.model_runner import ModelRunner\n"
         "from radixlm.runtime.models.loader import resolve_model\n"
